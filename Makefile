@@ -1,0 +1,60 @@
+# One way to install, one way to test. Every target sets up what it needs first.
+#   make demo    run Sluice's main job locally on embedded defaults
+#   make test    the whole test suite (unit, integration, e2e)
+#   make lint    the static checks CI runs (ruff, cfn-lint, sam validate, ASL, checkov)
+#   make bench   the benchmarks in benchmarks/
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# aws-sam-cli and checkov pin their own boto3 and friends: each gets its own environment.
+SAM_VENV := .venv-sam
+CHECKOV_VENV := .venv-checkov
+PIP_FLAGS := --quiet --disable-pip-version-check
+export SAM_CLI_TELEMETRY := 0
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: setup demo test test-fast lint format bench clean
+
+setup: $(VENV)/.installed
+
+# The lock files pin every transitive version CI installs; torch==2.13.0 is the CPU wheel on disk.
+$(VENV)/.installed: pyproject.toml requirements/main.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock torch==2.13.0
+	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock -e '.[container,functions,dev]'
+	touch $@
+
+$(SAM_VENV)/.installed: requirements/sam.lock
+	$(PYTHON) -m venv $(SAM_VENV)
+	$(SAM_VENV)/bin/pip install $(PIP_FLAGS) -c requirements/sam.lock aws-sam-cli
+	touch $@
+
+$(CHECKOV_VENV)/.installed: requirements/checkov.lock
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install $(PIP_FLAGS) -c requirements/checkov.lock checkov
+	touch $@
+
+demo: setup
+	$(VENV)/bin/sluice demo
+
+# pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+test: setup
+	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; fi; exit $$rc
+
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: setup $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
+	$(PY) scripts/static_checks.py --sam $(SAM_VENV)/bin/sam --checkov $(CHECKOV_VENV)/bin/checkov
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: setup
+	$(PY) -m benchmarks $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) $(SAM_VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache .aws-sam build

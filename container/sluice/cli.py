@@ -1,0 +1,212 @@
+"""`sluice`: the container's entrypoints (SageMaker runs `IMAGE train`, `IMAGE serve`, ...) and the
+same commands for local use. Heavy imports happen inside each command so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from .errors import SluiceError, write_failure
+
+log = logging.getLogger("sluice")
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stdout,
+        force=True,
+    )
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def parse_sets(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SluiceError(f"--set expects NAME=VALUE, got {item!r}")
+        out[key.strip()] = value
+    return out
+
+
+# --- train ----------------------------------------------------------------------
+
+
+def hyperparameter_help() -> str:
+    from .hyperparameters import TrainConfig
+
+    lines = ["hyperparameters (hyperparameters.json on SageMaker, --set NAME=VALUE here):"]
+    for name, (doc, default) in TrainConfig.field_docs().items():
+        lines.append(f"  {name:22} {doc} [default: {default}]")
+    return "\n".join(lines)
+
+
+def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
+    from .paths import OptML
+
+    # local flags become the SageMaker environment, so torchrun workers see the same job
+    if args.output:
+        os.environ["SLUICE_OPT_ML"] = str(Path(args.output).resolve())
+    for channel in ("train", "validation", "baseline", "pretrained"):
+        value = getattr(args, channel)
+        if value:
+            os.environ[f"SM_CHANNEL_{channel.upper()}"] = str(Path(value).resolve())
+    opt = OptML.from_env()
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        from .distributed import exec_torchrun, torchrun_args
+        from .hyperparameters import parse_hyperparameters
+
+        raw = {**opt.hyperparameters(), **parse_sets(args.set)}
+        cfg = parse_hyperparameters(raw)
+        launch = torchrun_args(opt, args.nproc)
+        if launch is not None:
+            exec_torchrun(launch, argv)
+        from .train import Interrupted, StopFlag, run_training
+
+        stop = StopFlag(stop_after_step=int(os.environ.get("SLUICE_STOP_AFTER_STEP", 0)))
+        try:
+            report = run_training(opt, cfg, progress=args.progress, stop=stop)
+        except Interrupted as e:
+            log.warning("%s", e)
+            return 143
+        if report:
+            print(json.dumps(report["comparison"]))
+        return 0
+    except SluiceError as e:
+        log.error("training failed: %s", e)
+        if rank == 0 or not opt.failure_file.exists():
+            write_failure(opt.failure_file, str(e))
+        return 1
+    except Exception as e:
+        traceback.print_exc()
+        if rank == 0 or not opt.failure_file.exists():
+            write_failure(opt.failure_file, f"internal error: {type(e).__name__}: {e}")
+        return 2
+
+
+# --- evaluate / export ----------------------------------------------------------------------
+
+
+def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
+    from types import SimpleNamespace
+
+    from .data import Cleaner, iter_channel
+    from .evaluate import evaluate_dirs
+
+    cfg = SimpleNamespace(text_field=args.text_field, text_column=args.text_column, txt_mode="line")
+    records = [t for t, _ in iter_channel(Path(args.data), cfg, Cleaner())]
+    if args.max_records:
+        records = records[: args.max_records]
+    if not records:
+        raise SluiceError(f"{args.data} has no records to evaluate on")
+    result = evaluate_dirs([Path(m) for m in args.models], records, args.device)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
+    from .export import export_edge
+
+    info = export_edge(Path(args.model), Path(args.output), args.seq_len, onnx=not args.no_onnx)
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, argv: list[str]) -> int:
+    from .demo import run_demo
+
+    return run_demo(Path(args.workdir), steps=args.steps)
+
+
+# --- parser ----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="sluice",
+        description="Sluice: batch inference and retraining of Transformer LMs on AWS.",
+    )
+    p.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    t = sub.add_parser(
+        "train",
+        help="train or fine-tune a causal LM (SageMaker training entrypoint)",
+        description="Train from scratch (BPE tokenizer + GPT-2 config) or fine-tune a pretrained "
+        "causal LM. With no flags it follows SageMaker's /opt/ml contract; the flags run the same "
+        "job on local folders.",
+        epilog=hyperparameter_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    t.add_argument("--train", help="training data folder (channel `train`)")
+    t.add_argument("--validation", help="validation data folder (optional)")
+    t.add_argument("--baseline", help="champion model folder or model.tar.gz to compare against")
+    t.add_argument("--pretrained", help="model folder or model.tar.gz to fine-tune")
+    t.add_argument("--output", help="local stand-in for /opt/ml (model/, output/, checkpoints/)")
+    t.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="hyperparameter"
+    )
+    t.add_argument("--nproc", type=int, help="processes per node (default: one per GPU)")
+    t.add_argument("--progress", action="store_true", help="show a progress bar")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser(
+        "evaluate",
+        help="score model folders on a dataset (loss, perplexity, byte perplexity)",
+        description="Score one or more model folders on the same records and print JSON.",
+    )
+    e.add_argument("models", nargs="+", help="model folders (save_pretrained layout)")
+    e.add_argument("--data", required=True, help="file or folder of .txt/.jsonl/.csv records")
+    e.add_argument("--text-field", default="text", help="JSON Lines text field")
+    e.add_argument("--text-column", default="text", help="CSV text column")
+    e.add_argument("--max-records", type=int, default=0, help="score at most this many (0: all)")
+    e.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    e.set_defaults(func=cmd_evaluate)
+
+    x = sub.add_parser(
+        "export",
+        help="edge export: TorchScript for SageMaker Neo, and ONNX",
+        description="Trace a fixed-shape TorchScript model (model.tar.gz with model.pth, Neo's "
+        "input) and export ONNX, checking both against eager logits.",
+    )
+    x.add_argument("model", help="model folder (save_pretrained layout)")
+    x.add_argument("--output", required=True, help="folder for model.tar.gz, model.onnx, neo.json")
+    x.add_argument("--seq-len", type=int, default=128, help="fixed input length")
+    x.add_argument("--no-onnx", action="store_true", help="skip the ONNX export")
+    x.set_defaults(func=cmd_export)
+
+    d = sub.add_parser(
+        "demo",
+        help="train a tiny model on the embedded corpus and show what it predicts",
+        description="From nothing: generate the embedded corpus, train a tiny model (about a "
+        "minute on 2 cores), evaluate it, export it, and print next-word predictions.",
+    )
+    d.add_argument("--workdir", default="sluice-demo", help="where the demo writes its files")
+    d.add_argument("--steps", type=int, default=300, help="training steps")
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    try:
+        return args.func(args, argv)
+    except SluiceError as e:
+        log.error("%s", e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""An embedded, generated corpus so Sluice trains and serves without downloading anything.
+
+Sentences follow a small grammar with consistent facts (animals eat what they eat, places have
+their weather), so a tiny model learns something measurable: loss falls well below uniform and
+"predict the next word" gives sensible answers.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+ANIMALS = {
+    "cat": ["fish", "milk"],
+    "dog": ["bones", "meat"],
+    "horse": ["hay", "apples"],
+    "rabbit": ["carrots", "lettuce"],
+    "bird": ["seeds", "berries"],
+    "cow": ["grass", "hay"],
+    "bear": ["honey", "berries"],
+    "mouse": ["cheese", "seeds"],
+}
+PLACES = {
+    "the mountains": "snow",
+    "the desert": "sunshine",
+    "the coast": "wind",
+    "the forest": "rain",
+    "the city": "fog",
+    "the valley": "mist",
+}
+ADJECTIVES = ["small", "old", "quiet", "happy", "brown", "young", "lazy", "clever"]
+NAMES = ["Anna", "Ben", "Clara", "David", "Emma", "Felix", "Grace", "Hugo"]
+TIMES = ["in the morning", "at noon", "in the evening", "at night"]
+TEMPLATES = (
+    "The {adj} {animal} eats {food} {time}.",
+    "{name} gave the {animal} some {food}.",
+    "In {place} there is often {weather}.",
+    "{name} walked to {place} {time} and saw the {weather}.",
+    "Every {animal} likes {food}, and the {adj} {animal} likes it most.",
+    "{name} lives near {place}, where the {weather} comes {time}.",
+    "The {animal} and the {animal2} are friends.",
+    "When {name} feeds the {animal}, it gets {food}.",
+)
+
+
+def sentence(rng: random.Random) -> str:
+    animal, animal2 = rng.sample(sorted(ANIMALS), 2)
+    place = rng.choice(sorted(PLACES))
+    return rng.choice(TEMPLATES).format(
+        adj=rng.choice(ADJECTIVES),
+        animal=animal,
+        animal2=animal2,
+        food=rng.choice(ANIMALS[animal]),
+        name=rng.choice(NAMES),
+        place=place,
+        weather=PLACES[place],
+        time=rng.choice(TIMES),
+    )
+
+
+def generate(n: int, seed: int = 0) -> list[str]:
+    """n sentences, deterministic for a seed (duplicates possible, as in real data)."""
+    rng = random.Random(seed)
+    return [sentence(rng) for _ in range(n)]
+
+
+def write_corpus(path: Path, n: int, seed: int = 0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(generate(n, seed)) + "\n", encoding="utf-8")
+    return path
+
+
+SAMPLE_PROMPTS = [
+    "The lazy cat eats",
+    "In the desert there is often",
+    "Anna gave the rabbit some",
+    "When Ben feeds the dog, it gets",
+    "Every horse likes",
+]

@@ -1,0 +1,135 @@
+"""Multi-GPU and multi-instance training: torchrun launch from SageMaker's resourceconfig, ranks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .paths import OptML
+
+MASTER_PORT = 7777  # the port SageMaker's PyTorch toolkit uses
+
+
+@dataclass
+class Ranks:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def from_env(cls) -> Ranks:
+        return cls(
+            int(os.environ.get("RANK", 0)),
+            int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)),
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def device(self) -> torch.device:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def init(self) -> None:
+        if self.distributed and not dist.is_initialized():
+            # long enough for rank 0's final evaluation and export while the others wait
+            dist.init_process_group(
+                "nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(hours=2)
+            )
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when any rank's flag is set (so all stop at the same step)."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def mean(self, value: float) -> float:
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], device=self.device(), dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.item() / self.world_size
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_args(opt: OptML, nproc: int | None) -> list[str] | None:
+    """torchrun's arguments when this job needs several processes, else None.
+
+    On SageMaker the hosts come from resourceconfig.json: sorted, the first is the master, the node
+    rank is the current host's index. One process per GPU unless `nproc` says otherwise.
+    """
+    if "LOCAL_RANK" in os.environ:  # already a torchrun worker
+        return None
+    rc = opt.resourceconfig()
+    hosts = sorted(rc["hosts"]) if rc else []
+    nproc = nproc or max(torch.cuda.device_count(), 1)
+    if len(hosts) <= 1 and nproc == 1:
+        return None
+    if len(hosts) > 1:
+        if rc.get("network_interface_name"):
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", rc["network_interface_name"])
+        return [
+            f"--nnodes={len(hosts)}",
+            f"--nproc_per_node={nproc}",
+            f"--node_rank={hosts.index(rc['current_host'])}",
+            f"--master_addr={hosts[0]}",
+            f"--master_port={MASTER_PORT}",
+        ]
+    return [
+        "--nnodes=1",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+    ]
+
+
+def _worker_argv(argv: list[str]) -> list[str]:
+    """The command line for each worker, less --nproc (torchrun's parser takes it for its own)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--nproc":
+            skip = True
+        elif not a.startswith("--nproc="):
+            out.append(a)
+    return out
+
+
+def exec_torchrun(args: list[str], argv: list[str]) -> None:
+    """Replace this process with torchrun running the same command (signals reach torchrun)."""
+    worker = ["-m", "sluice.cli", *_worker_argv(argv)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *args, *worker]
+    print("launching: " + " ".join(cmd), flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, cmd)

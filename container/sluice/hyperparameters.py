@@ -1,0 +1,173 @@
+"""Training hyperparameters: SageMaker passes every value as a string; parse and validate them here.
+
+One dataclass is the whole contract: its fields, types, defaults and docs are what `sluice train
+--help` lists and what the retraining state machine may override.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
+
+from .errors import SluiceError
+
+TRUE = {"true", "1", "yes", "on"}
+FALSE = {"false", "0", "no", "off"}
+
+
+def _doc(text: str, **kw: Any) -> Any:
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass
+class TrainConfig:
+    """Every training hyperparameter, with its default."""
+
+    # model
+    model_size: str = _doc(
+        "size preset when training from scratch: tiny, small or base", default="small"
+    )
+    n_layer: int | None = _doc("override the preset's number of layers", default=None)
+    n_head: int | None = _doc("override the preset's attention heads", default=None)
+    n_embd: int | None = _doc("override the preset's hidden size", default=None)
+    n_positions: int | None = _doc("override the preset's context length", default=None)
+    vocab_size: int | None = _doc("override the preset's BPE vocabulary size", default=None)
+    dropout: float = _doc("dropout on residual, embedding and attention", default=0.0)
+    model_id: str = _doc(
+        "fine-tune this Hugging Face model id (cloud only; or use a `pretrained` channel)",
+        default="",
+    )
+    # data
+    text_field: str = _doc("JSON Lines field holding the text", default="text")
+    text_column: str = _doc("CSV column holding the text", default="text")
+    txt_mode: str = _doc(
+        "plain text files: `line` (one record a line) or `document` (one a file)", default="line"
+    )
+    min_chars: int = _doc("drop records shorter than this after cleaning", default=1)
+    max_chars: int = _doc("drop records longer than this (0: no limit)", default=0)
+    validation_fraction: float = _doc(
+        "held-out share when there is no validation channel", default=0.05
+    )
+    block_size: int = _doc("tokens per training block (at most the context length)", default=128)
+    # optimisation
+    batch_size: int = _doc("blocks per device per micro-step", default=16)
+    grad_accum: int = _doc("micro-steps per optimizer step", default=1)
+    learning_rate: float = _doc("peak learning rate", default=3e-4)
+    min_lr_ratio: float = _doc("final learning rate as a fraction of the peak", default=0.1)
+    lr_schedule: str = _doc("decay after warmup: cosine or linear", default="cosine")
+    warmup_steps: int = _doc("linear warmup steps", default=50)
+    weight_decay: float = _doc("AdamW weight decay (not on biases and norms)", default=0.1)
+    beta1: float = _doc("AdamW beta1", default=0.9)
+    beta2: float = _doc("AdamW beta2", default=0.95)
+    grad_clip: float = _doc("clip the gradient norm to this (0: off)", default=1.0)
+    epochs: float = _doc("passes over the training blocks (used when max_steps is 0)", default=1.0)
+    max_steps: int = _doc("optimizer steps; overrides epochs when > 0", default=0)
+    seed: int = _doc("seed for data order, initialisation and dropout", default=1234)
+    precision: str = _doc(
+        "auto (bf16 or fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16", default="auto"
+    )
+    # bookkeeping
+    log_interval: int = _doc("steps between training log lines", default=10)
+    eval_interval: int = _doc("steps between validation estimates (0: only at the end)", default=0)
+    eval_batches: int = _doc("batches per periodic validation estimate", default=20)
+    checkpoint_interval: int = _doc("steps between checkpoints (0: only on SIGTERM)", default=200)
+    keep_checkpoints: int = _doc("checkpoints kept on disk", default=2)
+    eval_max_records: int = _doc("cap on held-out records scored at the end (0: all)", default=0)
+    export_edge: bool = _doc(
+        "write the TorchScript/ONNX edge export into the artifacts", default=True
+    )
+    edge_seq_len: int = _doc("fixed sequence length of the edge export", default=128)
+    loss_curve: bool = _doc("write loss_curve.png next to the model", default=True)
+    # serving defaults recorded in sluice.json
+    default_task: str = _doc(
+        "task a record gets when it names none: generate, score, next_token", default="generate"
+    )
+    max_new_tokens: int = _doc("default generation length", default=32)
+
+    @classmethod
+    def field_docs(cls) -> dict[str, tuple[str, Any]]:
+        return {f.name: (f.metadata.get("doc", ""), f.default) for f in fields(cls)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "model_size": ("tiny", "small", "base"),
+    "txt_mode": ("line", "document"),
+    "lr_schedule": ("cosine", "linear"),
+    "precision": ("auto", "fp32", "bf16", "fp16"),
+    "default_task": ("generate", "score", "next_token"),
+}
+POSITIVE = {
+    "batch_size",
+    "grad_accum",
+    "block_size",
+    "log_interval",
+    "keep_checkpoints",
+    "edge_seq_len",
+}
+
+
+def _parse_value(name: str, raw: Any, typ: Any) -> Any:
+    text = raw if isinstance(raw, str) else json.dumps(raw)
+    text = text.strip()
+    optional = typ in (int | None, float | None)
+    if optional and text.lower() in ("", "none", "null"):
+        return None
+    base = int if typ in (int, int | None) else float if typ in (float, float | None) else typ
+    try:
+        if base is bool:
+            if text.lower() in TRUE:
+                return True
+            if text.lower() in FALSE:
+                return False
+            raise ValueError
+        if base is int:
+            value = float(text)
+            if value != int(value):
+                raise ValueError
+            return int(value)
+        if base is float:
+            return float(text)
+        return text
+    except ValueError:
+        kind = {bool: "true or false", int: "an integer", float: "a number"}[base]
+        raise SluiceError(f"hyperparameter {name}={raw!r} is not {kind}") from None
+
+
+def parse_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
+    """Build a TrainConfig from SageMaker-style string values; unknown names are an error.
+
+    Names starting with `sagemaker_` or `_` belong to SageMaker's tooling and are ignored.
+    """
+    hints = get_type_hints(TrainConfig)
+    known = {f.name for f in fields(TrainConfig)}
+    values: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name.startswith(("sagemaker_", "_")):
+            continue
+        key = name.replace("-", "_")
+        if key not in known:
+            raise SluiceError(
+                f"unknown hyperparameter {name!r}; see `sluice train --help` for the list"
+            )
+        values[key] = _parse_value(name, value, hints[key])
+    cfg = TrainConfig(**values)
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise SluiceError(
+                f"hyperparameter {name}={getattr(cfg, name)!r}: choose one of {allowed}"
+            )
+    for name in POSITIVE:
+        if getattr(cfg, name) <= 0:
+            raise SluiceError(f"hyperparameter {name} must be positive, got {getattr(cfg, name)}")
+    if not 0.0 <= cfg.validation_fraction < 1.0:
+        raise SluiceError("hyperparameter validation_fraction must be in [0, 1)")
+    if cfg.learning_rate <= 0:
+        raise SluiceError("hyperparameter learning_rate must be positive")
+    if cfg.max_steps <= 0 and cfg.epochs <= 0:
+        raise SluiceError("set max_steps or epochs to a positive value")
+    return cfg

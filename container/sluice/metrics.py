@@ -1,0 +1,33 @@
+"""Metric log lines and the MetricDefinitions regexes that pick them up: defined once, here.
+
+The training command prints e.g. `[metrics] step=120 train_loss=3.1416 tokens_per_second=5230.1`;
+SageMaker applies each regex to the log stream. The retraining state machine's CreateTrainingJob
+uses METRIC_DEFINITIONS verbatim (a test checks they agree).
+"""
+
+from __future__ import annotations
+
+import math
+
+NUMBER = r"([-+]?(?:[0-9]*\.)?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+METRICS = (
+    "train_loss",
+    "learning_rate",
+    "tokens_per_second",
+    "validation_loss",
+    "validation_perplexity",
+    "baseline_perplexity",
+    "validation_byte_perplexity",
+    "baseline_byte_perplexity",
+)
+METRIC_DEFINITIONS = [{"Name": name, "Regex": rf"\b{name}={NUMBER}"} for name in METRICS]
+
+
+def metric_line(**values: float) -> str:
+    """One log line carrying metrics in the documented `name=value` form."""
+    parts = []
+    for name, value in values.items():
+        if isinstance(value, float):
+            value = "nan" if math.isnan(value) else f"{value:.6g}"
+        parts.append(f"{name}={value}")
+    return "[metrics] " + " ".join(parts)

@@ -1,0 +1,1 @@
+"""Sluice's Lambda functions: thin handlers over pure request builders; no torch here."""

@@ -1,0 +1,227 @@
+"""Sluice's static checks, as CI runs them: each check runs, each failure fails the whole run.
+
+    python scripts/static_checks.py [--root DIR] [--only ruff,asl,...] [--sam PATH] [--checkov PATH]
+
+Checks: ruff (lint and format), cfn-lint, `sam validate --lint`, every statemachine/*.asl.json
+(after substituting its DefinitionSubstitutions from template.yaml) by statelint and by moto's ASL
+parser, and checkov with the skip list committed in .checkov.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SUBSTITUTION = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+FAKE_ACCOUNT = "123456789012"
+
+
+class MissingTool(Exception):
+    """A tool a check needs is not installed; the message says how to get it."""
+
+
+def find_tool(name: str, explicit: str | None, how: str) -> str:
+    """Resolve a tool from an explicit path, the running venv, or PATH."""
+    candidates = [explicit] if explicit else []
+    candidates += [str(Path(sys.executable).parent / name), shutil.which(name)]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    raise MissingTool(f"`{name}` not found. {how}")
+
+
+def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
+    print("$ " + " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=cwd, env={**os.environ, **(env or {})}).returncode
+
+
+# --- ASL ---------------------------------------------------------------------------------------
+
+
+def load_template(path: Path) -> dict:
+    """Parse a CloudFormation/SAM template with its short-form tags (!Ref, !Sub, ...)."""
+    from cfnlint.decode import cfn_yaml
+
+    return cfn_yaml.load(str(path))
+
+
+def placeholder(key: str, value: object, parameters: dict) -> object:
+    """A stand-in for one DefinitionSubstitutions value, of the type the definition expects."""
+    if isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Ref" in value and value["Ref"] in parameters:
+        default = parameters[value["Ref"]].get("Default")
+        if default not in (None, ""):
+            return default
+    if key.endswith("Arn"):
+        return f"arn:aws:iam::{FAKE_ACCOUNT}:role/placeholder-{key}"
+    return f"placeholder-{key}"
+
+
+def state_machines(template: dict, root: Path) -> dict[Path, dict]:
+    """Map each ASL file the template references to the substitutions it gets."""
+    parameters = template.get("Parameters", {}) or {}
+    found: dict[Path, dict] = {}
+    for res in (template.get("Resources") or {}).values():
+        if res.get("Type") not in (
+            "AWS::Serverless::StateMachine",
+            "AWS::StepFunctions::StateMachine",
+        ):
+            continue
+        props = res.get("Properties", {}) or {}
+        uri = props.get("DefinitionUri")
+        if isinstance(uri, str):
+            subs = props.get("DefinitionSubstitutions", {}) or {}
+            found[(root / uri).resolve()] = {
+                k: placeholder(k, v, parameters) for k, v in subs.items()
+            }
+    return found
+
+
+def substitute(text: str, subs: dict) -> tuple[str, list[str]]:
+    """Apply substitutions as Step Functions does; return the text and any undefined names."""
+    missing: list[str] = []
+
+    def repl(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in subs:
+            missing.append(name)
+            return m.group(0)
+        return str(subs[name])
+
+    return SUBSTITUTION.sub(repl, text), missing
+
+
+def check_asl_file(path: Path, subs: dict, statelint: str) -> list[str]:
+    """Validate one definition; return the problems found (empty when valid)."""
+    problems: list[str] = []
+    text, missing = substitute(path.read_text(), subs)
+    for name in sorted(set(missing)):
+        problems.append(f"${{{name}}} is not defined in the template's DefinitionSubstitutions")
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        return [*problems, f"not valid JSON after substitution: {e}"]
+    with tempfile.NamedTemporaryFile("w", suffix=".asl.json", delete=False) as f:
+        f.write(text)
+    try:
+        out = subprocess.run([statelint, f.name], capture_output=True, text=True)
+        if out.returncode != 0:
+            problems += [f"statelint: {line}" for line in (out.stdout + out.stderr).splitlines()]
+    finally:
+        os.unlink(f.name)
+    try:
+        from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+
+        AmazonStateLanguageParser.parse(text)
+    except Exception as e:  # the parser raises a variety of types; any is a refusal
+        problems.append(f"moto ASL parser: {type(e).__name__}: {e}")
+    return problems
+
+
+def check_asl(root: Path, statelint: str) -> int:
+    files = sorted((root / "statemachine").glob("*.asl.json"))
+    template = root / "template.yaml"
+    subs_by_file = state_machines(load_template(template), root) if template.exists() else {}
+    failed = 0
+    for path in files:
+        subs = subs_by_file.get(path.resolve())
+        if subs is None:
+            print(f"note: {path.name} is not referenced by template.yaml; checked as is")
+        problems = check_asl_file(path, subs or {}, statelint)
+        status = "ok" if not problems else "FAILED"
+        print(f"{path.relative_to(root)}: {status}")
+        for p in problems:
+            print(f"  {p}")
+        failed += bool(problems)
+    print(f"{len(files)} definition(s) checked, {failed} failed")
+    return 1 if failed else 0
+
+
+# --- the checks ----------------------------------------------------------------------------------
+
+
+def make_checks(args: argparse.Namespace) -> dict[str, Callable[[], int]]:
+    root: Path = args.root
+    venv_hint = "Run `make setup` (creates .venv with the pinned dev tools)."
+
+    def ruff_check() -> int:
+        return run([find_tool("ruff", None, venv_hint), "check", "."], root)
+
+    def ruff_format() -> int:
+        return run([find_tool("ruff", None, venv_hint), "format", "--check", "."], root)
+
+    def cfn_lint() -> int:
+        return run([find_tool("cfn-lint", None, venv_hint), "template.yaml"], root)
+
+    def sam_validate() -> int:
+        sam = find_tool(
+            "sam", args.sam, "Run `make lint` (creates .venv-sam) or pip install aws-sam-cli."
+        )
+        cmd = [sam, "validate", "--lint", "--region", "us-east-1", "--template", "template.yaml"]
+        return run(cmd, root, {"SAM_CLI_TELEMETRY": "0"})
+
+    def asl() -> int:
+        return check_asl(root, find_tool("statelint", None, venv_hint))
+
+    def checkov() -> int:
+        tool = find_tool(
+            "checkov",
+            args.checkov,
+            "Run `make lint` (creates .venv-checkov) or pip install checkov.",
+        )
+        cmd = [tool, "-f", "template.yaml", "--framework", "cloudformation", "--skip-download"]
+        cmd += ["--config-file", ".checkov.yaml", "--compact", "--quiet"]
+        return run(cmd, root)
+
+    return {
+        "ruff": ruff_check,
+        "ruff-format": ruff_format,
+        "cfn-lint": cfn_lint,
+        "sam-validate": sam_validate,
+        "asl": asl,
+        "checkov": checkov,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=REPO, help="repository root to check")
+    parser.add_argument("--only", default="", help="comma-separated subset of checks")
+    parser.add_argument("--sam", help="path to the sam executable")
+    parser.add_argument("--checkov", help="path to the checkov executable")
+    args = parser.parse_args(argv)
+    args.root = args.root.resolve()
+    checks = make_checks(args)
+    selected = [c for c in args.only.split(",") if c] or list(checks)
+    unknown = set(selected) - set(checks)
+    if unknown:
+        parser.error(f"unknown check(s) {sorted(unknown)}; choose from {list(checks)}")
+    results: dict[str, str] = {}
+    for name in selected:
+        print(f"\n=== {name} ===", flush=True)
+        try:
+            results[name] = "ok" if checks[name]() == 0 else "FAILED"
+        except MissingTool as e:
+            print(f"error: {e}")
+            results[name] = "MISSING TOOL"
+    print("\n=== static checks ===")
+    for name, status in results.items():
+        print(f"{name:14} {status}")
+    return 0 if all(s == "ok" for s in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

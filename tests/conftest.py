@@ -1,0 +1,31 @@
+"""Shared fixtures: a generated corpus and a tiny model trained once through the real CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import hp, run_sluice, sets
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    from sluice.corpus import write_corpus
+
+    d = tmp_path_factory.mktemp("corpus")
+    write_corpus(d / "train" / "part-1.txt", 1500, seed=1)
+    write_corpus(d / "train" / "nested" / "part-2.txt", 1500, seed=2)
+    write_corpus(d / "heldout" / "eval.txt", 300, seed=99)
+    return d
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, corpus_dir) -> dict:
+    """One tiny model trained from scratch through the CLI, shared by tests that need a model."""
+    out = tmp_path_factory.mktemp("trained")
+    proc = run_sluice(
+        "train", "--train", str(corpus_dir / "train"), "--output", str(out),
+        *sets(hp(max_steps=40, export_edge="true", loss_curve="true")),
+    )  # fmt: skip
+    return {"out": out, "model": out / "model", "stdout": proc.stdout}

@@ -1,0 +1,72 @@
+"""Test helpers: tiny hyperparameters, and a runner for the real `sluice` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Small enough for 2 CPU cores, big enough that loss visibly falls.
+TINY = {
+    "model_size": "tiny",
+    "vocab_size": "384",
+    "n_positions": "64",
+    "block_size": "32",
+    "batch_size": "8",
+    "learning_rate": "0.003",
+    "warmup_steps": "5",
+    "log_interval": "5",
+    "checkpoint_interval": "0",
+    "validation_fraction": "0.1",
+    "edge_seq_len": "16",
+    "export_edge": "false",
+    "loss_curve": "false",
+    "max_steps": "30",
+}
+
+
+def hp(**overrides) -> dict[str, str]:
+    """TINY hyperparameters with overrides, all as strings (as SageMaker passes them)."""
+    return {**TINY, **{k: str(v) for k, v in overrides.items()}}
+
+
+def sets(params: dict[str, str]) -> list[str]:
+    return [a for k, v in params.items() for a in ("--set", f"{k}={v}")]
+
+
+def run_sluice(
+    *args: str, env: dict | None = None, timeout: int = 600, check: bool = True
+) -> subprocess.CompletedProcess:
+    """Run the real `sluice` command in a subprocess and capture its output."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"sluice {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n"
+            f"{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def train_losses(stdout: str) -> list[float]:
+    """train_loss values from the log, read with the documented MetricDefinitions regex."""
+    import re
+
+    from sluice.metrics import METRIC_DEFINITIONS
+
+    rx = re.compile(next(d["Regex"] for d in METRIC_DEFINITIONS if d["Name"] == "train_loss"))
+    return [float(m.group(1)) for m in rx.finditer(stdout)]
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -1,0 +1,231 @@
+"""The `train` command end to end on CPU: scratch, fine-tune, resume, SIGTERM, DDP, /opt/ml."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.helpers import hp, read_json, run_sluice, sets, train_losses
+
+MODEL_FILES = {
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "sluice.json",
+    "evaluation.json",
+}
+
+
+def test_scratch_training_lowers_loss_and_reopens_with_plain_transformers(trained):
+    losses = train_losses(trained["stdout"])
+    assert len(losses) == 8
+    assert losses[-1] < 0.6 * losses[0], losses
+    model_dir = trained["model"]
+    assert MODEL_FILES | {"loss_curve.png", "edge"} <= {p.name for p in model_dir.iterdir()}
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    assert model.config.model_type == "gpt2" and model.config.n_layer == 2
+    ids = tok("The cat eats", return_tensors="pt")
+    out = model.generate(**ids, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape[1] == ids["input_ids"].shape[1] + 5
+
+    info = read_json(model_dir / "sluice.json")
+    assert info["mode"] == "scratch"
+    assert info["data"]["train"]["duplicate"] > 0  # the generated corpus repeats sentences
+    assert info["task_defaults"] == {"task": "generate", "max_new_tokens": 32}
+    report = read_json(model_dir / "evaluation.json")
+    assert report == read_json(trained["out"] / "output" / "data" / "evaluation.json")
+    ch = report["challenger"]
+    assert ch["perplexity"] < len(tok) / 10  # far better than guessing
+    assert report["data_fingerprint"] == info["data_fingerprint"]
+    assert "validation_perplexity=" in trained["stdout"]
+
+
+def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, corpus_dir):
+    # the champion model as a model.tar.gz (as SageMaker stores it), given as `pretrained` and
+    # `baseline`: fine-tuning keeps the tokenizer, so per-token perplexity is comparable
+    tar = tmp_path / "champion" / "model.tar.gz"
+    tar.parent.mkdir()
+    with tarfile.open(tar, "w:gz") as t:
+        for p in trained["model"].iterdir():
+            t.add(p, arcname=p.name)
+    out = tmp_path / "job"
+    proc = run_sluice(
+        "train", "--train", str(corpus_dir / "train"), "--pretrained", str(tar.parent),
+        "--baseline", str(tar.parent), "--output", str(out),
+        *sets(hp(max_steps=10, learning_rate=0.001)),
+    )  # fmt: skip
+    report = read_json(out / "model" / "evaluation.json")
+    assert report["mode"] == "finetune"
+    assert report["comparison"]["metric"] == "perplexity"
+    assert report["comparison"]["same_tokenizer"] is True
+    assert report["baseline"]["records"] == report["challenger"]["records"]
+    assert "baseline_perplexity=" in proc.stdout
+    assert (out / "model" / "tokenizer.json").read_text() == (
+        trained["model"] / "tokenizer.json"
+    ).read_text()
+
+
+def test_champion_with_another_tokenizer_is_compared_per_byte(tmp_path, trained, corpus_dir):
+    out = tmp_path / "job"
+    run_sluice(
+        "train", "--train", str(corpus_dir / "train"), "--baseline", str(trained["model"]),
+        "--output", str(out), *sets(hp(max_steps=5, vocab_size=320)),
+    )  # fmt: skip
+    comparison = read_json(out / "model" / "evaluation.json")["comparison"]
+    assert comparison["same_tokenizer"] is False
+    assert comparison["metric"] == "byte_perplexity"
+
+
+def weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(model_dir / "model.safetensors")
+
+
+def test_resume_after_interruption_equals_the_uninterrupted_run(tmp_path, corpus_dir):
+    params = hp(max_steps=20, checkpoint_interval=5, dropout=0.1)
+    train = ["train", "--train", str(corpus_dir / "train")]
+    full = tmp_path / "full"
+    run_sluice(*train, "--output", str(full), *sets(params))
+
+    part = tmp_path / "part"
+    stopped = run_sluice(
+        *train, "--output", str(part), *sets(params),
+        env={"SLUICE_STOP_AFTER_STEP": "12"}, check=False,
+    )  # fmt: skip
+    assert stopped.returncode == 143, stopped.stdout[-2000:]
+    assert not (part / "model").exists() or not any((part / "model").iterdir())
+    ckpts = sorted(p.name for p in (part / "checkpoints").glob("step-*.pt"))
+    assert ckpts == ["step-00000010.pt", "step-00000012.pt"]  # keep_checkpoints=2
+    resumed = run_sluice(*train, "--output", str(part), *sets(params))
+    assert "resumed from checkpoint at step 12" in resumed.stdout
+
+    a, b = weights(full / "model"), weights(part / "model")
+    # same data order, RNG and optimizer state: identical up to float rounding on CPU
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
+    loss_full = read_json(full / "model" / "evaluation.json")["challenger"]["loss"]
+    loss_part = read_json(part / "model" / "evaluation.json")["challenger"]["loss"]
+    assert loss_part == pytest.approx(loss_full, abs=1e-5)
+
+
+def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir):
+    out = tmp_path / "job"
+    cmd = [sys.executable, "-m", "sluice.cli", "train", "--train", str(corpus_dir / "train"),
+           "--output", str(out), *sets(hp(max_steps=100000, log_interval=1))]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "train_loss=" in line:
+            break
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 143, "".join(lines) + rest
+    assert "SIGTERM received" in rest and "checkpoint saved" in rest
+    assert list((out / "checkpoints").glob("step-*.pt"))
+    assert elapsed < 120  # SageMaker's grace period before SIGKILL
+    assert not (out / "output" / "failure").exists()
+
+
+@pytest.mark.slow
+def test_two_process_ddp_on_cpu_has_one_writer(tmp_path, corpus_dir):
+    out = tmp_path / "job"
+    proc = run_sluice(
+        "train", "--train", str(corpus_dir / "train"), "--output", str(out), "--nproc", "2",
+        *sets(hp(max_steps=10, checkpoint_interval=5, batch_size=4)),
+    )  # fmt: skip
+    assert "--nproc_per_node=2" in proc.stdout
+    assert "world size 2" in proc.stdout
+    assert proc.stdout.count("model written to") == 1
+    assert {p.name for p in (out / "model").iterdir()} >= MODEL_FILES
+    assert sorted(p.name for p in (out / "checkpoints").glob("step-*.pt")) == ["step-00000005.pt"]
+    AutoModelForCausalLM.from_pretrained(out / "model")
+
+
+def opt_ml_tree(root: Path, hyperparameters: dict, files: dict[str, bytes | str]) -> Path:
+    config = root / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters))
+    (config / "resourceconfig.json").write_text(
+        json.dumps(
+            {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}
+        )
+    )
+    for rel, content in files.items():
+        path = root / "input" / "data" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return root
+
+
+def test_opt_ml_contract_end_to_end(tmp_path):
+    import gzip
+
+    from sluice.corpus import generate
+
+    lines = generate(1200, seed=5)
+    jsonl = "\n".join(json.dumps({"id": i, "body": t}) for i, t in enumerate(lines[:600]))
+    csv = "id,body\n" + "\n".join(f'{i},"{t}"' for i, t in enumerate(lines[600:]))
+    root = opt_ml_tree(
+        tmp_path / "opt_ml",
+        hp(max_steps=8, text_field="body", text_column="body"),
+        {"train/a/part.jsonl": jsonl, "train/b/part.csv.gz": gzip.compress(csv.encode())},
+    )
+    proc = run_sluice("train", env={"SLUICE_OPT_ML": str(root)})
+    assert {p.name for p in (root / "model").iterdir()} >= MODEL_FILES
+    assert (root / "output" / "data" / "evaluation.json").exists()
+    assert not (root / "output" / "failure").exists()
+    assert "train_loss=" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "hyperparameters, files, reason",
+    [
+        (hp(learning_rate="fast"), {"train/t.txt": "a\nb\n"},
+         "hyperparameter learning_rate='fast' is not a number"),
+        (hp(), {"train/t.csv": "id,body\n1,hello\n"}, "no column 'text' in header"),
+        (hp(), {"train/t.txt": "\n \n"}, "has no usable records"),
+        (hp(), {"train/t.txt": b"ok\n\xff\xfe broken\n"}, "are not UTF-8"),
+        (hp(), {"train/t.txt": "a\n", "pretrained/config.json": json.dumps(
+            {"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+             "num_attention_heads": 1, "intermediate_size": 8})},
+         "is not a causal (decoder-only) language model"),
+    ],
+    ids=["bad-hyperparameter", "csv-without-column", "empty-channel", "undecodable", "encoder"],
+)  # fmt: skip
+def test_bad_input_fails_fast_with_one_line_and_no_model(tmp_path, hyperparameters, files, reason):
+    root = opt_ml_tree(tmp_path / "opt_ml", hyperparameters, files)
+    proc = run_sluice("train", env={"SLUICE_OPT_ML": str(root)}, check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failure = (root / "output" / "failure").read_text()
+    assert reason in failure and failure.count("\n") == 1
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert not (root / "model").exists() or not any((root / "model").iterdir())
+
+
+def test_evaluate_command_scores_several_models_on_the_same_records(trained, corpus_dir):
+    proc = run_sluice(
+        "evaluate", str(trained["model"]), str(trained["model"]),
+        "--data", str(corpus_dir / "heldout"), "--max-records", "50",
+    )  # fmt: skip
+    result = json.loads(proc.stdout[proc.stdout.index("{") :])
+    (only,) = result.values()  # the same folder twice is one entry
+    assert only["records"] == 50 and only["perplexity"] > 1
