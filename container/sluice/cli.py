@@ -122,6 +122,30 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from .serve import serve
+
+    model_dir = args.model_dir or os.environ.get("SM_MODEL_DIR", "/opt/ml/model")
+    return serve(Path(model_dir), args.port, args.host)
+
+
+def cmd_transform(args: argparse.Namespace, argv: list[str]) -> int:
+    from .transform import TransformConfig, run_transform
+
+    cfg = TransformConfig(
+        content_type=args.content_type, accept=args.accept, split_type=args.split_type,
+        strategy=args.strategy, max_payload_mb=args.max_payload_mb,
+        concurrency=args.max_concurrent_transforms, assemble_with=args.assemble_with,
+        join_source=args.join_source, env=parse_sets(args.env),
+    )  # fmt: skip
+    summary = run_transform(
+        Path(args.model), args.input, args.output, cfg,
+        manifest=args.manifest, endpoint_url=args.endpoint_url,
+    )  # fmt: skip
+    print(json.dumps(summary, indent=2))
+    return 0 if summary["TransformJobStatus"] == "Completed" else 1
+
+
 def cmd_demo(args: argparse.Namespace, argv: list[str]) -> int:
     from .demo import run_demo
 
@@ -184,6 +208,44 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--seq-len", type=int, default=128, help="fixed input length")
     x.add_argument("--no-onnx", action="store_true", help="skip the ONNX export")
     x.set_defaults(func=cmd_export)
+
+    s = sub.add_parser(
+        "serve",
+        help="HTTP inference server for Batch Transform and endpoints (port 8080)",
+        description="SageMaker's inference contract: GET /ping, GET /execution-parameters, POST "
+        "/invocations (JSON Lines, JSON, text, CSV; tasks generate, score, next_token). "
+        "Environment: SAGEMAKER_BIND_TO_PORT, SAGEMAKER_MAX_PAYLOAD_IN_MB, SAGEMAKER_BATCH, "
+        "SLUICE_TASK, SLUICE_PARAMETERS, SLUICE_INVOCATION_TIMEOUT, SLUICE_TOKEN_BUDGET, "
+        "SLUICE_DEVICE, SLUICE_DTYPE.",
+    )
+    s.add_argument("--model-dir", help="model folder (default: SM_MODEL_DIR or /opt/ml/model)")
+    s.add_argument("--port", type=int, help="port (default: SAGEMAKER_BIND_TO_PORT or 8080)")
+    s.add_argument("--host", default="0.0.0.0", help="address to bind")
+    s.set_defaults(func=cmd_serve)
+
+    tr = sub.add_parser(
+        "transform",
+        help="run a Batch Transform locally against the real serve process",
+        description="SageMaker Batch Transform semantics on this machine: inputs from a folder, "
+        "an s3:// prefix (AWS_ENDPOINT_URL or --endpoint-url for moto/LocalStack) or a manifest; "
+        "outputs <key>.out under --output.",
+    )
+    tr.add_argument("--model", required=True, help="model folder (save_pretrained layout)")
+    tr.add_argument("--input", required=True, help="folder, file, s3://bucket/prefix or manifest")
+    tr.add_argument("--output", required=True, help="folder or s3://bucket/prefix for .out files")
+    tr.add_argument("--manifest", action="store_true", help="--input is a manifest file")
+    tr.add_argument("--content-type", default="application/jsonlines")
+    tr.add_argument("--accept", default="application/jsonlines")
+    tr.add_argument("--split-type", choices=["Line", "None"], default="Line")
+    tr.add_argument("--strategy", choices=["MultiRecord", "SingleRecord"], help="BatchStrategy")
+    tr.add_argument("--max-payload-mb", type=int, help="MaxPayloadInMB (default: the container's)")
+    tr.add_argument("--max-concurrent-transforms", type=int, help="requests in flight")
+    tr.add_argument("--assemble-with", choices=["Line", "None"], default="Line")
+    tr.add_argument("--join-source", choices=["Input", "None"], default="None")
+    tr.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="environment for the serve process (e.g. SLUICE_TASK=score)")  # fmt: skip
+    tr.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    tr.set_defaults(func=cmd_transform)
 
     d = sub.add_parser(
         "demo",

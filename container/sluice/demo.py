@@ -8,8 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from .corpus import SAMPLE_PROMPTS, write_corpus
 
 
@@ -37,7 +35,7 @@ def run_demo(workdir: Path, steps: int = 300) -> int:
     model_dir = out / "model"
     from .model import load_model
 
-    model, tok = load_model(model_dir)
+    _, tok = load_model(model_dir)
     report = json.loads((model_dir / "evaluation.json").read_text())
     ch = report["challenger"]
     print(
@@ -45,23 +43,46 @@ def run_demo(workdir: Path, steps: int = 300) -> int:
         f"over {ch['tokens']} tokens of {ch['records']} records "
         f"(guessing uniformly over the {len(tok)}-token vocabulary: perplexity {len(tok)})"
     )
-    print("3/3 what the model predicts:")
-    model.eval()
-    with torch.inference_mode():
-        for prompt in SAMPLE_PROMPTS:
-            ids = tok(prompt, return_tensors="pt")
-            probs = torch.softmax(model(**ids).logits[0, -1], dim=-1)
-            top = torch.topk(probs, 3)
-            nexts = ", ".join(
-                f"{tok.decode([int(i)])!r} {p:.2f}"
-                for p, i in zip(top.values, top.indices, strict=True)
-            )
-            gen = model.generate(
-                **ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id
-            )
-            text = tok.decode(gen[0][ids["input_ids"].shape[1] :], skip_special_tokens=True)
-            print(f"   {prompt!r:36} next: {nexts:40} greedy: {prompt}{text}")
-    print(
-        f"artifacts: {model_dir} (edge export in {model_dir / 'edge'}, loss curve loss_curve.png)"
+    print("3/3 batch transform of dropped files, through the real serve process:")
+    incoming = data / "incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    prompts = [{"id": f"p{i}", "text": p, "parameters": {"max_new_tokens": 12}}
+               for i, p in enumerate(SAMPLE_PROMPTS)]  # fmt: skip
+    mixed = [
+        {"id": "s1", "task": "score", "text": "The lazy cat eats fish in the morning."},
+        {"id": "s2", "task": "score", "text": "Morning the in fish eats cat lazy the."},
+        {"id": "n1", "task": "next_token", "text": "Every rabbit likes",
+         "parameters": {"top_k": 3}},
+    ]  # fmt: skip
+    (incoming / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in prompts) + "\n")
+    (incoming / "mixed.jsonl").write_text(
+        "\n".join(json.dumps(p) for p in mixed) + "\n{this line is not JSON}\n"
     )
-    return 0
+    from .transform import TransformConfig, run_transform
+
+    summary = run_transform(model_dir, str(incoming), str(workdir / "outputs"), TransformConfig())
+    for f in summary["files"]:
+        print(f"   {Path(f['uri']).name} -> {f['output']} ({f['records']} lines, "
+              f"{f['error_lines']} error lines)")  # fmt: skip
+        inputs = Path(f["uri"]).read_text().splitlines()
+        outputs = Path(f["output"]).read_text().splitlines()
+        for line_in, line_out in zip(inputs, outputs, strict=True):
+            print(f"     {_show(line_in, line_out)}")
+    print(f"artifacts: {model_dir} (edge export in edge/, loss curve loss_curve.png)")
+    return 0 if summary["TransformJobStatus"] == "Completed" else 1
+
+
+def _show(line_in: str, line_out: str) -> str:
+    out = json.loads(line_out)
+    try:
+        text = json.loads(line_in)["text"]
+    except (ValueError, KeyError):
+        text = line_in
+    if "error" in out:
+        return f"{text!r:44} -> error {out['error']['code']}: {out['error']['message']}"
+    if out["task"] == "generate":
+        return f"{text!r:44} -> {text}{out['generated_text']}"
+    if out["task"] == "score":
+        return f"{text!r:44} -> perplexity {out['perplexity']:.2f}"
+    tops = ", ".join(f"{t['token']!r} {t['prob']:.2f}" for t in out["next_tokens"])
+    return f"{text!r:44} -> next: {tops}"

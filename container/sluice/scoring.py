@@ -83,10 +83,10 @@ def score_ids(
             ids[r, : len(w)] = torch.tensor(w)
             mask[r, : len(w)] = 1
         ids, mask = ids.to(device), mask.to(device)
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-        logp = torch.log_softmax(logits[:, :-1], dim=-1)
-        target = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) * mask[:, 1:]
-        target = target.cpu()
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1].float()
+        # log p(target) = logit(target) - logsumexp(logits): no [batch, seq, vocab] log-softmax copy
+        picked = logits.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+        target = ((picked - torch.logsumexp(logits, dim=-1)) * mask[:, 1:]).cpu()
         for r, k in enumerate(order[start:end]):
             n = len(pieces[k][1]) - 1
             piece_lp[k] = target[r, :n].tolist()

@@ -1,0 +1,267 @@
+"""Serving throughput: Sluice's serve process vs the paths a user would otherwise take.
+
+Side by side in one run, same model (GPT-2 architecture, random weights), same prompts:
+- baseline: `transformers.pipeline("text-generation")` once per record; one forward per record
+  for scoring;
+- plain batching: prompts sorted by length, `model.generate` on batches of 32 with left padding;
+  one batched forward per 64 records for scoring;
+- Sluice: the real `sluice serve` over HTTP with MultiRecord JSON Lines payloads, as many
+  requests in flight as its /execution-parameters asks for.
+
+Greedy generation (32 new tokens, prompts of mixed lengths) and scoring, records/s and tokens/s,
+ratios, and whether the outputs are identical across the three. Score efficiency is
+2 x parameters x tokens / time against a plain fp32 matmul measured in the same run.
+
+    python -m benchmarks.serve_throughput [--gen-records 96] [--score-records 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+MODEL = {"n_layer": 6, "n_head": 6, "n_embd": 384, "n_positions": 512}
+VOCAB = 8192
+NEW_TOKENS = 32
+
+
+def corpus_lines(limit: int = 40000) -> list[str]:
+    """Real text from the Python standard library's sources: there on every machine."""
+    lines: list[str] = []
+    for f in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        for line in f.read_text(errors="ignore").splitlines():
+            line = line.strip()
+            if len(line) > 20:
+                lines.append(line)
+        if len(lines) >= limit:
+            break
+    return lines
+
+
+def build_model(workdir: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from sluice.tokenizer import train_bpe
+
+    tok = train_bpe(corpus_lines(), VOCAB)
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(tok), **MODEL, bos_token_id=tok.bos_token_id,
+                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    model = GPT2LMHeadModel(cfg)
+    out = workdir / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def prompts(tok, n: int, seed: int, lo: int, hi: int) -> list[str]:
+    """n prompts of mixed token lengths (lo..hi), cut from real lines."""
+    rng = random.Random(seed)
+    lines = corpus_lines()
+    out = []
+    while len(out) < n:
+        ids = tok(rng.choice(lines) + " " + rng.choice(lines))["input_ids"]
+        k = rng.randint(lo, hi)
+        if len(ids) >= k:
+            out.append(tok.decode(ids[:k]))
+    return out
+
+
+def matmul_flops(threads: int) -> float:
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    t0 = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+# --- the three paths -----------------------------------------------------------------------------
+
+
+def baseline_generate(model, tok, texts):
+    from transformers import pipeline
+
+    pipe = pipeline("text-generation", model=model, tokenizer=tok, device=model.device)
+    out = []
+    for t in texts:
+        r = pipe(t, max_new_tokens=NEW_TOKENS, do_sample=False, return_full_text=False,
+                 pad_token_id=tok.pad_token_id)  # fmt: skip
+        out.append(r[0]["generated_text"])
+    return out
+
+
+def plain_generate(model, tok, texts, batch=32):
+    tok.padding_side = "left"
+    order = sorted(range(len(texts)), key=lambda i: len(tok(texts[i])["input_ids"]))
+    out = [None] * len(texts)
+    with torch.inference_mode():
+        for s in range(0, len(order), batch):
+            idx = order[s : s + batch]
+            enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True)
+            gen = model.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 pad_token_id=tok.pad_token_id)  # fmt: skip
+            for i, row in zip(idx, gen[:, enc["input_ids"].shape[1] :], strict=True):
+                out[i] = tok.decode(row, skip_special_tokens=True)
+    tok.padding_side = "right"
+    return out
+
+
+def score_one(model, ids: list[int]) -> float:
+    x = torch.tensor([ids])
+    logp = model(input_ids=x).logits[0, :-1].log_softmax(-1)
+    return logp.gather(-1, x[0, 1:, None]).sum().item()
+
+
+def baseline_score(model, seqs):
+    with torch.inference_mode():
+        return [score_one(model, s) for s in seqs]
+
+
+def plain_score(model, seqs, pad, batch=64):
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(seqs), batch):
+            chunk = seqs[s : s + batch]
+            longest = max(map(len, chunk))
+            x = torch.full((len(chunk), longest), pad)
+            m = torch.zeros_like(x)
+            for r, q in enumerate(chunk):
+                x[r, : len(q)] = torch.tensor(q)
+                m[r, : len(q)] = 1
+            logp = model(input_ids=x, attention_mask=m).logits[:, :-1].log_softmax(-1)
+            lp = (logp.gather(-1, x[:, 1:, None])[..., 0] * m[:, 1:]).sum(1)
+            out += lp.tolist()
+    return out
+
+
+def sluice_run(server, records: list[dict], payload_records: int, concurrency: int):
+    from sluice.transform import TransformConfig
+
+    cfg = TransformConfig()
+    bodies = [
+        "\n".join(json.dumps(r) for r in records[s : s + payload_records]).encode()
+        for s in range(0, len(records), payload_records)
+    ]
+    with ThreadPoolExecutor(concurrency) as pool:
+        responses = list(pool.map(lambda b: server.invoke(b, cfg), bodies))
+    return [json.loads(line) for r in responses for line in r.decode().split("\n")]
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gen-records", type=int, default=96)
+    ap.add_argument("--score-records", type=int, default=1024)
+    ap.add_argument("--out", default="benchmarks/results/serve_throughput.json")
+    args = ap.parse_args()
+
+    from sluice.model import load_model, parameter_count
+    from sluice.scoring import encode_for_scoring
+    from sluice.transform import ServeProcess
+
+    work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
+    model_dir = build_model(work)
+    model, tok = load_model(model_dir)
+    model.eval()
+    params = parameter_count(model)
+    gen_texts = prompts(tok, args.gen_records, seed=1, lo=4, hi=48)
+    score_texts = prompts(tok, args.score_records, seed=2, lo=8, hi=64)
+    seqs = encode_for_scoring(tok, score_texts)
+    score_tokens = sum(len(s) for s in seqs)
+    gen_tokens = args.gen_records * NEW_TOKENS
+    print(f"model: GPT-2 {params / 1e6:.1f}M parameters, vocab {len(tok)}, "
+          f"{torch.get_num_threads()} threads", file=sys.stderr)  # fmt: skip
+    flops = matmul_flops(torch.get_num_threads())
+
+    res: dict = {"parameters": params, "threads": torch.get_num_threads(), "matmul_flops": flops}
+    base_gen, t_base_gen = timed(baseline_generate, model, tok, gen_texts)
+    plain_gen, t_plain_gen = timed(plain_generate, model, tok, gen_texts)
+    base_sc, t_base_sc = timed(baseline_score, model, seqs)
+    plain_sc, t_plain_sc = timed(plain_score, model, seqs, tok.pad_token_id)
+
+    server = ServeProcess(model_dir, {"SAGEMAKER_BATCH": "true"})
+    try:
+        server.wait_ready()
+        ep = server.execution_parameters()
+        conc = ep["MaxConcurrentTransforms"]
+        gen_recs = [{"id": i, "text": t, "parameters": {"max_new_tokens": NEW_TOKENS}}
+                    for i, t in enumerate(gen_texts)]  # fmt: skip
+        sc_recs = [{"id": i, "text": t, "task": "score"} for i, t in enumerate(score_texts)]
+        sluice_run(server, gen_recs[:8], 8, 1)  # warm-up: first-call allocations
+        runs_gen, runs_sc = [], []
+        for _ in range(2):
+            out_gen, t = timed(sluice_run, server, gen_recs, max(1, len(gen_recs) // conc), conc)
+            runs_gen.append(t)
+            out_sc, t = timed(sluice_run, server, sc_recs, max(1, len(sc_recs) // conc), conc)
+            runs_sc.append(t)
+    finally:
+        server.stop()
+    t_sl_gen, t_sl_sc = statistics.median(runs_gen), statistics.median(runs_sc)
+    sl_gen = [o["generated_text"] for o in out_gen]
+    sl_sc = [o["logprob"] for o in out_sc]
+
+    def same_text(a, b):
+        return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+    def close(a, b):
+        return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+    gen = {
+        "baseline_pipeline_s": t_base_gen, "plain_batching_s": t_plain_gen, "sluice_s": t_sl_gen,
+        "records": args.gen_records, "new_tokens": gen_tokens,
+        "identical_sluice_vs_pipeline": same_text(sl_gen, base_gen),
+        "identical_sluice_vs_plain": same_text(sl_gen, plain_gen),
+        "identical_plain_vs_pipeline": same_text(plain_gen, base_gen),
+    }  # fmt: skip
+    sc = {
+        "baseline_per_record_s": t_base_sc, "plain_batching_s": t_plain_sc, "sluice_s": t_sl_sc,
+        "records": args.score_records, "tokens": score_tokens,
+        "max_abs_logprob_diff_sluice_vs_baseline": close(sl_sc, base_sc),
+        "max_abs_logprob_diff_plain_vs_baseline": close(plain_sc, base_sc),
+        "sluice_flops": 2 * params * score_tokens / t_sl_sc,
+    }  # fmt: skip
+    res.update(generate=gen, score=sc, execution_parameters=ep)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+
+    print(f"\nGPT-2 {params / 1e6:.1f}M params, {torch.get_num_threads()} threads, "
+          f"fp32 matmul {flops / 1e9:.0f} GFLOP/s")  # fmt: skip
+    print(f"{'generate (greedy, 32 new)':28}{'records/s':>11}{'tokens/s':>10}{'vs pipeline':>13}")
+    for name, t in (("pipeline, per record", t_base_gen), ("plain batching (32)", t_plain_gen),
+                    ("Sluice serve (HTTP)", t_sl_gen)):  # fmt: skip
+        print(f"{name:28}{args.gen_records / t:>11.2f}{gen_tokens / t:>10.0f}"
+              f"{t_base_gen / t:>12.1f}x")  # fmt: skip
+    print(f"Sluice vs plain batching: {t_plain_gen / t_sl_gen:.2f}x; identical outputs: "
+          f"Sluice=pipeline {gen['identical_sluice_vs_pipeline']:.0%}, "
+          f"Sluice=plain {gen['identical_sluice_vs_plain']:.0%}, "
+          f"plain=pipeline {gen['identical_plain_vs_pipeline']:.0%}")  # fmt: skip
+    print(f"{'score':28}{'records/s':>11}{'tokens/s':>10}{'vs per-record':>15}{'GFLOP/s':>9}")
+    for name, t in (("forward per record", t_base_sc), ("plain batching (64)", t_plain_sc),
+                    ("Sluice serve (HTTP)", t_sl_sc)):  # fmt: skip
+        print(f"{name:28}{args.score_records / t:>11.1f}{score_tokens / t:>10.0f}"
+              f"{t_base_sc / t:>14.1f}x{2 * params * score_tokens / t / 1e9:>9.1f}")  # fmt: skip
+    print(f"Sluice score: {sc['sluice_flops'] / flops:.0%} of matmul FLOP/s; max |logprob diff| "
+          f"vs per-record {sc['max_abs_logprob_diff_sluice_vs_baseline']:.2e}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

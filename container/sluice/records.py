@@ -1,0 +1,249 @@
+"""Request bodies to records and results to response lines: one output line per input line.
+
+Line-based bodies (JSON Lines, plain text, single-column CSV) are split on newlines; a trailing
+newline and `\\r\\n` are tolerated. A line that is not valid (bad JSON, wrong types, unknown task or
+parameter, empty text, not UTF-8) becomes a `BadRecord` in its place, so its error line keeps the
+output aligned with the input. Only a body that cannot be read at all raises `BodyError` (a 4xx).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+TASKS = ("generate", "score", "next_token")
+JSONLINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
+LINE_TYPES = (*JSONLINES, "text/plain", "text/csv")
+JSON = "application/json"
+SUPPORTED = (*LINE_TYPES, JSON)
+
+# name -> (type, check, description); every task also takes `truncation`
+_INT, _FLOAT, _BOOL = int, float, bool
+PARAMETERS: dict[str, dict[str, tuple[type, Any, str]]] = {
+    "generate": {
+        "max_new_tokens": (_INT, lambda v: 1 <= v <= 4096, "an integer from 1 to 4096"),
+        "temperature": (_FLOAT, lambda v: v >= 0, "a number >= 0"),
+        "top_k": (_INT, lambda v: v >= 0, "an integer >= 0 (0: off)"),
+        "top_p": (_FLOAT, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        "do_sample": (_BOOL, None, "true or false"),
+        "seed": (_INT, lambda v: 0 <= v < 2**63, "a non-negative integer"),
+        "stop": (list, None, "a string or a list of strings"),
+        "num_return_sequences": (_INT, lambda v: 1 <= v <= 16, "an integer from 1 to 16"),
+    },
+    "score": {"per_token": (_BOOL, None, "true or false")},
+    "next_token": {"top_k": (_INT, lambda v: 1 <= v <= 100, "an integer from 1 to 100")},
+}
+COMMON = {"truncation": (str, lambda v: v in ("error", "left"), "'error' or 'left'")}
+
+
+class BodyError(Exception):
+    """The body cannot be read at all; carries the HTTP status and what to send instead."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Record:
+    index: int
+    text: str
+    task: str
+    params: dict
+    id: Any = None
+    has_id: bool = False
+
+
+@dataclass
+class BadRecord:
+    index: int
+    code: str
+    message: str
+    id: Any = None
+    has_id: bool = False
+
+
+@dataclass
+class Defaults:
+    """Task and parameters a record gets when it names none (sluice.json, then environment)."""
+
+    task: str = "generate"
+    params: dict[str, dict] = field(default_factory=dict)
+
+
+def media_type(content_type: str | None) -> str:
+    return (content_type or "").split(";")[0].strip().lower()
+
+
+def _check_param(task: str, name: str, value: Any) -> Any:
+    spec = PARAMETERS[task].get(name) or COMMON.get(name)
+    if spec is None:
+        allowed = sorted([*PARAMETERS[task], *COMMON])
+        raise ValueError(f"unknown parameter {name!r} for task {task!r}; allowed: {allowed}")
+    typ, check, desc = spec
+    if name == "stop":
+        value = [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+            raise ValueError(f"parameter 'stop' must be {desc}")
+        return value
+    ok = isinstance(value, typ) and not (typ is not bool and isinstance(value, bool))
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if ok and typ is float and not math.isfinite(value):
+        ok = False
+    if not ok or (check is not None and not check(value)):
+        raise ValueError(f"parameter {name!r} must be {desc}, got {json.dumps(value)}")
+    return value
+
+
+def make_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
+    """Validate one decoded record (a JSON object, or a bare string from text/csv bodies)."""
+    if isinstance(obj, str):
+        obj = {"text": obj}
+    if not isinstance(obj, dict):
+        return BadRecord(index, "invalid_record", "a record must be a JSON object or a string")
+    rid, has_id = obj.get("id"), "id" in obj
+
+    def bad(code: str, message: str) -> BadRecord:
+        return BadRecord(index, code, message, rid, has_id)
+
+    text = obj.get("text", obj.get("inputs"))
+    if text is None:
+        return bad("missing_text", 'a record needs a "text" (or "inputs") string')
+    if not isinstance(text, str):
+        return bad("invalid_text", '"text" must be a string')
+    if not text.strip():
+        return bad("empty_text", '"text" is empty')
+    task = obj.get("task", defaults.task)
+    if task not in TASKS:
+        return bad("unknown_task", f"unknown task {task!r}; choose one of {list(TASKS)}")
+    params = obj.get("parameters", {})
+    if not isinstance(params, dict):
+        return bad("invalid_parameters", '"parameters" must be a JSON object')
+    merged = dict(defaults.params.get(task, {}))
+    try:
+        for name, value in params.items():
+            merged[name] = _check_param(task, name, value)
+    except ValueError as e:
+        return bad("invalid_parameter", str(e))
+    return Record(index, text, task, merged, rid, has_id)
+
+
+def _decode_json_line(index: int, line: str, defaults: Defaults) -> Record | BadRecord:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        return BadRecord(index, "invalid_json", f"not valid JSON: {e.msg}")
+    return make_record(index, obj, defaults)
+
+
+def _csv_field(line: str) -> str:
+    row = next(csv.reader([line]))
+    if len(row) != 1:
+        raise ValueError(
+            f"text/csv takes one column, this line has {len(row)}; "
+            "send application/jsonlines for records with several fields"
+        )
+    return row[0]
+
+
+def split_lines(body: bytes) -> Iterator[bytes]:
+    """Lines of a body without their terminators; a final newline does not start a record."""
+    start, n = 0, len(body)
+    while start < n:
+        end = body.find(b"\n", start)
+        if end == -1:
+            end = n
+        line = body[start:end]
+        yield line[:-1] if line.endswith(b"\r") else line
+        start = end + 1
+
+
+def parse_body(body: bytes, content_type: str | None, defaults: Defaults) -> Iterator:
+    """Records and BadRecords in input order, lazily for line-based bodies.
+
+    Raises BodyError at once (before any output is sent) for a body that cannot be read.
+    """
+    kind = check_readable(body, content_type)
+    if kind == JSON:
+        return iter(list(_parse_json(body, defaults)))
+    return _parse_lines(body, kind, defaults)
+
+
+def _parse_lines(body: bytes, kind: str, defaults: Defaults) -> Iterator[Record | BadRecord]:
+    for index, raw in enumerate(split_lines(body)):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield BadRecord(index, "invalid_utf8", f"not UTF-8 (byte {e.start} of the line)")
+            continue
+        if kind in JSONLINES:
+            yield _decode_json_line(index, line, defaults)
+        elif kind == "text/csv":
+            try:
+                yield make_record(index, _csv_field(line), defaults)
+            except (ValueError, csv.Error) as e:
+                yield BadRecord(index, "invalid_csv", str(e))
+        else:
+            yield make_record(index, line, defaults)
+
+
+def check_readable(body: bytes, content_type: str | None) -> str:
+    """Refuse, before any output is sent, a body that cannot be read at all; return its type.
+
+    A line-based body with some bad lines is readable (those lines get error lines); one in which
+    no line is UTF-8 (UTF-16, binary) is not.
+    """
+    kind = media_type(content_type) or "application/jsonlines"
+    if kind not in SUPPORTED:
+        raise BodyError(
+            415,
+            f"unsupported content type {kind!r}: send application/jsonlines (one JSON object a "
+            "line), application/json, text/plain or text/csv (one prompt a line)",
+        )
+    if kind in LINE_TYPES:
+        if body.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise BodyError(400, "the body is UTF-16; send UTF-8 text")
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            if not any(_decodes(line) for line in split_lines(body)):
+                raise BodyError(400, "no line of the body is UTF-8 text; send UTF-8") from None
+    return kind
+
+
+def _decodes(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _parse_json(body: bytes, defaults: Defaults):
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BodyError(400, "the body is not UTF-8; send UTF-8 JSON") from None
+    except json.JSONDecodeError as e:
+        extra = "Extra data" in e.msg
+        hint = " (one JSON object a line? send application/jsonlines)" if extra else ""
+        raise BodyError(400, f"the body is not one JSON document: {e.msg}{hint}") from None
+    items = doc if isinstance(doc, list) else [doc]
+    for index, obj in enumerate(items):
+        yield make_record(index, obj, defaults)
+
+
+def error_line(rec: BadRecord) -> dict:
+    out: dict = {"id": rec.id} if rec.has_id else {}
+    out["error"] = {"code": rec.code, "message": rec.message}
+    return out
+
+
+def dumps(obj: dict) -> str:
+    """One compact JSON line (no pretty printing, no raw newlines: strings are escaped)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)

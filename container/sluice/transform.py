@@ -1,0 +1,347 @@
+"""`sluice transform`: a SageMaker Batch Transform on this machine, against the real serve process.
+
+Follows CreateTransformJob's semantics: inputs under a local folder or an `s3://` prefix (any S3
+endpoint: AWS_ENDPOINT_URL or --endpoint-url, moto's included) or listed by a manifest file;
+SplitType Line/None; BatchStrategy MultiRecord (whole lines packed up to MaxPayloadInMB, never
+mixing files) or SingleRecord; MaxConcurrentTransforms requests in flight; AssembleWith Line/None;
+JoinSource Input; each input's output at `<output>/<key relative to the input prefix>.out`.
+Precedence of settings as in SageMaker: the job's values, then the container's
+/execution-parameters, then the defaults. A request that fails after retries fails its file (no
+`.out`), as SageMaker does; the others complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SluiceError
+from .records import split_lines
+
+log = logging.getLogger("sluice.transform")
+
+
+# --- storage: local folders and S3 behind one small interface --------------------------------
+
+
+def is_s3(uri: str) -> bool:
+    return uri.startswith("s3://")
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri[5:].partition("/")
+    return bucket, key
+
+
+class Storage:
+    def __init__(self, endpoint_url: str | None = None):
+        self.endpoint_url = endpoint_url
+        self._s3 = None
+
+    @property
+    def s3(self):
+        if self._s3 is None:
+            import boto3
+
+            self._s3 = boto3.client("s3", endpoint_url=self.endpoint_url)
+        return self._s3
+
+    def list(self, prefix: str) -> list[str]:
+        """Object URIs under a prefix (or the one object it names), sorted."""
+        if is_s3(prefix):
+            bucket, key = split_s3(prefix)
+            out = []
+            for page in self.s3.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=key
+            ):
+                out += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+            return sorted(u for u in out if not u.endswith("/"))
+        p = Path(prefix)
+        if p.is_file():
+            return [str(p)]
+        if not p.is_dir():
+            raise SluiceError(f"input {prefix} does not exist")
+        return sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+
+    def read(self, uri: str) -> bytes:
+        if is_s3(uri):
+            bucket, key = split_s3(uri)
+            return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        return Path(uri).read_bytes()
+
+    def write(self, uri: str, data: bytes) -> None:
+        if is_s3(uri):
+            bucket, key = split_s3(uri)
+            self.s3.put_object(Bucket=bucket, Key=key, Body=data)
+            return
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri).write_bytes(data)
+
+
+def join(prefix: str, rel: str) -> str:
+    return prefix.rstrip("/") + "/" + rel if is_s3(prefix) else str(Path(prefix) / rel)
+
+
+def resolve_inputs(storage: Storage, uri: str, manifest: bool) -> list[tuple[str, str]]:
+    """(object URI, path relative to the input prefix) for every input object."""
+    if manifest:
+        # [{"prefix": "s3://bucket/prefix/"}, "relative/key1", "relative/key2", ...]
+        try:
+            doc = json.loads(storage.read(uri))
+            prefix = doc[0]["prefix"]
+            keys = doc[1:]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise SluiceError(f"manifest {uri} is not a SageMaker manifest file: {e}") from None
+        return [(join(prefix, k), k) for k in keys]
+    objects = storage.list(uri)
+    if not objects:
+        raise SluiceError(f"no input objects under {uri}")
+    # outputs keep the path below the prefix's last "/" (a folder, for local inputs)
+    if is_s3(uri):
+        base = uri[: uri.rfind("/") + 1]
+    else:
+        base = str(Path(uri) if Path(uri).is_dir() else Path(uri).parent)
+    return [(o, o[len(base) :].lstrip("/")) for o in objects]
+
+
+# --- the job --------------------------------------------------------------------------------------
+
+
+@dataclass
+class TransformConfig:
+    content_type: str = "application/jsonlines"
+    accept: str = "application/jsonlines"
+    split_type: str = "Line"
+    strategy: str | None = None  # MultiRecord | SingleRecord; None: ask the container
+    max_payload_mb: int | None = None
+    concurrency: int | None = None
+    assemble_with: str = "Line"
+    join_source: str = "None"
+    max_retries: int = 3
+    timeout_s: int = 600
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class FileResult:
+    uri: str
+    output: str | None = None
+    records: int = 0
+    error_lines: int = 0
+    failure: str | None = None
+
+
+def payloads(body: bytes, cfg: TransformConfig, limit: int) -> list[bytes]:
+    """Split one object into request bodies as Batch Transform does."""
+    if cfg.split_type == "None":
+        if len(body) > limit:
+            raise SluiceError(
+                f"object of {len(body)} bytes exceeds MaxPayloadInMB with SplitType=None"
+            )
+        return [body]
+    lines = list(split_lines(body))
+    if cfg.strategy == "SingleRecord":
+        return lines
+    out, current, size = [], [], 0
+    for line in lines:
+        if len(line) + 1 > limit:
+            raise SluiceError(f"a record of {len(line)} bytes exceeds MaxPayloadInMB")
+        if current and size + len(line) + 1 > limit:
+            out.append(b"\n".join(current))
+            current, size = [], 0
+        current.append(line)
+        size += len(line) + 1
+    if current:
+        out.append(b"\n".join(current))
+    return out
+
+
+def join_input(inputs: list[bytes], outputs: list[bytes], content_type: str) -> list[bytes]:
+    """JoinSource=Input: JSON inputs get the result under SageMakerOutput, others `input,output`."""
+    if len(inputs) != len(outputs):
+        raise SluiceError(
+            f"JoinSource=Input needs one output line per input line ({len(inputs)} in, "
+            f"{len(outputs)} out)"
+        )
+    joined = []
+    for i, o in zip(inputs, outputs, strict=True):
+        if "json" in content_type:
+            try:
+                obj = json.loads(i)
+                if isinstance(obj, dict):
+                    obj["SageMakerOutput"] = json.loads(o)
+                    joined.append(json.dumps(obj, ensure_ascii=False).encode())
+                    continue
+            except ValueError:
+                pass
+        joined.append(i + b"," + o)
+    return joined
+
+
+class ServeProcess:
+    """The real `sluice serve` in a subprocess on a free port, as SageMaker starts the image."""
+
+    def __init__(self, model_dir: Path, env: dict[str, str]):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir),
+             "--host", "127.0.0.1"],
+            env=full_env,
+        )  # fmt: skip
+
+    def wait_ready(self, timeout: float = 240) -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SluiceError(f"the serve process exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.url + "/ping", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.2)
+        raise SluiceError(f"the serve process did not pass /ping within {timeout:.0f} s")
+
+    def execution_parameters(self) -> dict:
+        try:
+            with urllib.request.urlopen(self.url + "/execution-parameters", timeout=5) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError:
+            return {}
+
+    def invoke(self, body: bytes, cfg: TransformConfig) -> bytes:
+        req = urllib.request.Request(
+            self.url + "/invocations", data=body, method="POST",
+            headers={"Content-Type": cfg.content_type, "Accept": cfg.accept},
+        )  # fmt: skip
+        last = None
+        for attempt in range(cfg.max_retries + 1):
+            try:
+                with urllib.request.urlopen(req, timeout=cfg.timeout_s) as r:
+                    return r.read()
+            except urllib.error.HTTPError as e:
+                last = f"HTTP {e.code}: {e.read().decode(errors='replace')[:500]}"
+                if e.code < 500:
+                    break  # a 4xx will not change on retry
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                last = f"{type(e).__name__}: {e}"
+            log.warning("invocation attempt %d failed: %s", attempt + 1, last)
+        raise SluiceError(f"invocation failed: {last}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def run_transform(
+    model_dir: Path, input_uri: str, output_uri: str, cfg: TransformConfig,
+    manifest: bool = False, endpoint_url: str | None = None,
+) -> dict:  # fmt: skip
+    """Run the job; returns a summary like a DescribeTransformJob plus per-file counts."""
+    storage = Storage(endpoint_url)
+    inputs = resolve_inputs(storage, input_uri, manifest)
+    t0 = time.monotonic()
+    env = {"SAGEMAKER_BATCH": "true", **cfg.env}
+    server = ServeProcess(model_dir, env)
+    try:
+        server.wait_ready()
+        asked = server.execution_parameters()
+        strategy = cfg.strategy or {"SINGLE_RECORD": "SingleRecord"}.get(
+            asked.get("BatchStrategy", ""), "MultiRecord"
+        )
+        payload_mb = cfg.max_payload_mb or int(asked.get("MaxPayloadInMB", 6))
+        concurrency = cfg.concurrency or int(asked.get("MaxConcurrentTransforms", 1))
+        if payload_mb * concurrency > 100:
+            raise SluiceError("MaxConcurrentTransforms x MaxPayloadInMB must be at most 100")
+        cfg = TransformConfig(**{**cfg.__dict__, "strategy": strategy})
+        log.info(
+            "transform: %d objects, %s, MaxPayloadInMB=%d, MaxConcurrentTransforms=%d",
+            len(inputs), strategy, payload_mb, concurrency,
+        )  # fmt: skip
+        results = _transform_files(
+            storage, server, inputs, output_uri, cfg, payload_mb, concurrency
+        )
+    finally:
+        server.stop()
+    failed = [r for r in results if r.failure]
+    return {
+        "TransformJobStatus": "Failed" if failed else "Completed",
+        "FailureReason": "; ".join(f"{r.uri}: {r.failure}" for r in failed)[:1024] or None,
+        "BatchStrategy": strategy,
+        "MaxPayloadInMB": payload_mb,
+        "MaxConcurrentTransforms": concurrency,
+        "input": input_uri,
+        "output": output_uri,
+        "files": [r.__dict__ for r in results],
+        "records": sum(r.records for r in results),
+        "error_lines": sum(r.error_lines for r in results),
+        "duration_s": round(time.monotonic() - t0, 3),
+    }
+
+
+def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concurrency):
+    limit = payload_mb * 2**20
+    results: list[FileResult] = []
+    plan = []  # (file index, payload index, body)
+    bodies: dict[int, list[bytes]] = {}
+    for i, (uri, _) in enumerate(inputs):
+        results.append(FileResult(uri))
+        try:
+            body = storage.read(uri)
+            bodies[i] = payloads(body, cfg, limit)
+        except SluiceError as e:
+            results[i].failure = str(e)
+            continue
+        plan += [(i, k, b) for k, b in enumerate(bodies[i])]
+    responses: dict[tuple[int, int], bytes | SluiceError] = {}
+
+    def call(item):
+        i, k, b = item
+        try:
+            responses[(i, k)] = server.invoke(b, cfg)
+        except SluiceError as e:
+            responses[(i, k)] = e
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(call, plan))
+    for i, (_, rel) in enumerate(inputs):
+        r = results[i]
+        if r.failure:
+            continue
+        parts = [responses[(i, k)] for k in range(len(bodies[i]))]
+        errors = [p for p in parts if isinstance(p, SluiceError)]
+        if errors:
+            r.failure = str(errors[0])
+            continue
+        out_lines = [ln for p in parts for ln in split_lines(p)]
+        r.records = len(out_lines)
+        r.error_lines = sum(1 for ln in out_lines if ln.startswith(b"{") and b'"error":{' in ln)
+        if cfg.join_source == "Input":
+            parts = [
+                b"\n".join(join_input(list(split_lines(b)), list(split_lines(p)), cfg.content_type))
+                for b, p in zip(bodies[i], parts, strict=True)
+            ]
+        sep = b"\n" if cfg.assemble_with == "Line" else b""
+        data = b"".join(p + sep for p in parts)
+        r.output = join(output_uri, rel + ".out")
+        storage.write(r.output, data)
+    return results

@@ -1,0 +1,289 @@
+"""The real `serve` process on a free port: SageMaker's contract, formats, order, errors, drain."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from sluice.corpus import generate
+
+# With SLUICE_TOKEN_BUDGET=64 every record is its own micro-batch: seconds of work on 2 cores.
+SLOW = {"SLUICE_TOKEN_BUDGET": "64"}
+LONG_BATCH = [{"id": i, "text": t, "parameters": {"max_new_tokens": 40}} for i, t in
+              enumerate(generate(2500, seed=11))]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model_dir, **env):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir),
+             "--host", "127.0.0.1"],
+            env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), "PYTHONUNBUFFERED": "1",
+                 **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self.log: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            try:
+                if self.get("/ping")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert self.proc.poll() is None, "".join(self.log)
+            time.sleep(0.1)
+        raise AssertionError("server did not become ready:\n" + "".join(self.log))
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def conn(self, timeout=300) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def get(self, path):
+        c = self.conn(timeout=5)
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+
+    def post(self, body: bytes | str, ctype="application/jsonlines", accept=None):
+        c = self.conn()
+        headers = {"Content-Type": ctype, **({"Accept": accept} if accept else {})}
+        c.request("POST", "/invocations", body=body, headers=headers)
+        r = c.getresponse()
+        return r.status, r.read().decode(), dict(r.getheaders())
+
+    def lines(self, records: list[dict]) -> list[dict]:
+        status, text, _ = self.post("\n".join(json.dumps(r) for r in records))
+        assert status == 200, text
+        return [json.loads(line) for line in text.split("\n")]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    s = Server(trained["model"])
+    yield s
+    s.stop()
+
+
+def test_ping_and_execution_parameters(server):
+    status, body = server.get("/ping")
+    assert (status, body) == (200, b"")
+    status, body = server.get("/execution-parameters")
+    params = json.loads(body)
+    assert status == 200
+    assert params["BatchStrategy"] == "MULTI_RECORD"
+    assert params["MaxConcurrentTransforms"] * params["MaxPayloadInMB"] <= 100
+    assert params["MaxPayloadInMB"] >= 1
+
+
+def test_each_task_and_order_and_ids(server):
+    out = server.lines([
+        {"id": "a", "text": "The lazy cat eats", "parameters": {"max_new_tokens": 5}},
+        {"id": 2, "text": "In the desert there is often", "task": "score",
+         "parameters": {"per_token": True}},
+        {"id": None, "text": "Every horse likes", "task": "next_token", "parameters": {"top_k": 3}},
+        {"inputs": "Anna gave the rabbit some", "parameters": {"max_new_tokens": 3}},
+    ])  # fmt: skip
+    assert [o.get("id", "absent") for o in out] == ["a", 2, None, "absent"]
+    assert out[0]["task"] == "generate" and out[0]["tokens"] <= 5
+    s = out[1]
+    assert s["tokens"] == len(s["token_logprobs"]) == len(s["token_strs"])
+    assert s["logprob"] == pytest.approx(sum(s["token_logprobs"]), abs=1e-4)
+    assert s["perplexity"] == pytest.approx(2.718281828 ** (-s["mean_logprob"]), rel=1e-6)
+    probs = [t["prob"] for t in out[2]["next_tokens"]]
+    assert len(probs) == 3 and probs == sorted(probs, reverse=True) and sum(probs) <= 1.0
+
+
+@pytest.mark.parametrize(
+    "body, ctype, expected",
+    [
+        ('{"text": "a cat"}\r\n{"text": "a dog"}\r\n', "application/jsonlines", 2),
+        ('{"text": "a cat"}\n{"text": "a dog"}', "application/x-jsonlines; charset=utf-8", 2),
+        ('[{"text": "a cat"}, {"text": "a dog"}, {"text": "a cow"}]', "application/json", 3),
+        ('{"text": "a cat"}', "application/json", 1),
+        ("The cat\nThe dog\nThe cow\n", "text/plain", 3),
+        ('The cat\n"The dog, the cow"\n', "text/csv", 2),
+    ],
+)
+def test_content_types_give_one_line_per_record(server, body, ctype, expected):
+    status, text, headers = server.post(body, ctype)
+    assert status == 200, text
+    assert headers["Content-Type"] == "application/jsonlines"
+    lines = text.split("\n")
+    assert len(lines) == expected and all("generated_text" in json.loads(x) for x in lines)
+
+
+def test_json_array_out_when_asked(server):
+    status, text, headers = server.post('{"text": "a"}\n{"text": "b"}', accept="application/json")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert len(json.loads(text)) == 2
+
+
+def test_bad_records_get_error_lines_and_the_rest_is_served(server):
+    body = "\n".join([
+        '{"id": 1, "text": "The cat"}',
+        "{not json",
+        '{"id": 3, "text": 42}',
+        '{"id": 4, "text": "x", "task": "translate"}',
+        '{"id": 5, "text": "x", "parameters": {"max_new_tokens": "ten"}}',
+        '{"id": 6, "text": "x", "parameters": {"nucleus": 0.9}}',
+        '{"id": 7, "text": "   "}',
+        json.dumps({"id": 8, "text": "cat " * 200, "parameters": {"truncation": "error"}}),
+        json.dumps({"id": 9, "text": "cat " * 200, "parameters": {"max_new_tokens": 2}}),
+        "",
+        '{"id": 11, "text": "The dog"}',
+    ]).encode() + b"\n" + b'{"id": 12, "text": "caf\xe9"}'  # fmt: skip
+    status, text, _ = server.post(body)
+    assert status == 200
+    out = [json.loads(x) for x in text.split("\n")]
+    codes = [o.get("error", {}).get("code") for o in out]
+    assert codes == [
+        None, "invalid_json", "invalid_text", "unknown_task", "invalid_parameter",
+        "invalid_parameter", "empty_text", "too_long", None, "invalid_json", None, "invalid_utf8",
+    ]  # fmt: skip
+    assert out[8]["generated_text"] is not None  # truncated from the left by default
+    assert [o.get("id") for o in out if "id" in o] == [1, 3, 4, 5, 6, 7, 8, 9, 11]
+
+
+@pytest.mark.parametrize(
+    "body, ctype, status, hint",
+    [
+        (b'{"text": "a"}', "application/xml", 415, "send application/jsonlines"),
+        ('{"text": "a"}\n'.encode("utf-16"), "application/jsonlines", 400, "UTF-8"),
+        (b'{"text": "a"}\n{"text": "b"}', "application/json", 400, "send application/jsonlines"),
+    ],
+)
+def test_unreadable_bodies_are_4xx_with_what_to_send(server, body, ctype, status, hint):
+    got, text, _ = server.post(body, ctype)
+    assert got == status
+    assert hint in json.loads(text)["error"]["message"]
+
+
+def test_payload_over_the_limit_is_413(trained):
+    s = Server(trained["model"], SAGEMAKER_MAX_PAYLOAD_IN_MB="1")
+    try:
+        status, text, _ = s.post(("The cat\n" * 140_000).encode(), "text/plain")
+        assert status == 413 and "MaxPayloadInMB" in text
+        assert s.post("The cat", "text/plain")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_ping_answers_during_a_long_request(trained):
+    server = Server(trained["model"], **SLOW)
+    result = {}
+
+    def long_request():
+        result["resp"] = server.lines(LONG_BATCH)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.2)
+    pings = []
+    while t.is_alive() and len(pings) < 5:
+        t0 = time.monotonic()
+        assert server.get("/ping")[0] == 200
+        pings.append(time.monotonic() - t0)
+    t.join()
+    assert pings, "the long request finished before any ping was sent"
+    assert max(pings) < 2.0  # SageMaker's ping deadline
+    assert len(result["resp"]) == len(LONG_BATCH)
+    server.stop()
+
+
+def test_greedy_output_is_the_same_alone_or_in_a_batch_of_500(server):
+    records = [{"id": i, "text": t, "parameters": {"max_new_tokens": 8}}
+               for i, t in enumerate(generate(500, seed=21))]  # fmt: skip
+    batched = server.lines(records)
+    for i in range(0, 500, 50):
+        alone = server.lines([records[i]])[0]
+        assert alone["generated_text"] == batched[i]["generated_text"], i
+    scored = server.lines([{**r, "task": "score", "parameters": {}} for r in records[:200]])
+    for i in (0, 7, 99, 199):
+        alone = server.lines([{**records[i], "task": "score", "parameters": {}}])[0]
+        assert alone["logprob"] == pytest.approx(scored[i]["logprob"], abs=1e-4)
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(server):
+    rec = {
+        "id": 0,
+        "text": "The cat",
+        "parameters": {"do_sample": True, "temperature": 1.5, "seed": 7, "max_new_tokens": 12},
+    }
+    others = [{"text": t, "parameters": {"do_sample": True}} for t in generate(30, seed=2)]
+    a = server.lines([rec])[0]["generated_text"]
+    b = server.lines([*others[:10], rec, *others[10:]])[10]["generated_text"]
+    c = server.lines([{**rec, "parameters": {**rec["parameters"], "seed": 8}}])[0]
+    assert a == b
+    several = server.lines([{**rec, "parameters": {**rec["parameters"],
+                                                   "num_return_sequences": 3}}])[0]  # fmt: skip
+    assert several["generations"][0]["generated_text"] == a
+    assert len({g["generated_text"] for g in several["generations"]} | {c["generated_text"]}) > 1
+
+
+def test_stop_sequences(server):
+    out = server.lines([{"text": "The cat", "parameters": {"stop": [" "], "max_new_tokens": 20}}])
+    assert out[0]["finish_reason"] in ("stop", "eos")
+    if out[0]["finish_reason"] == "stop":
+        assert " " not in out[0]["generated_text"]
+
+
+def test_concurrent_requests_are_merged_and_each_gets_its_own_lines(server):
+    results = {}
+
+    def call(k):
+        recs = [{"id": f"{k}-{i}", "text": t, "task": "score"} for i, t in
+                enumerate(generate(40, seed=k))]  # fmt: skip
+        results[k] = server.lines(recs)
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, lines in results.items():
+        assert [o["id"] for o in lines] == [f"{k}-{i}" for i in range(40)]
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits(trained):
+    s = Server(trained["model"], **SLOW)
+    result = {}
+
+    def long_request():
+        result["resp"] = s.lines(LONG_BATCH)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(1.0)
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=120)
+    assert s.proc.wait(timeout=60) == 0
+    assert len(result["resp"]) == len(LONG_BATCH)
+    assert all("generated_text" in o for o in result["resp"])
+    with pytest.raises(OSError):
+        s.get("/ping")
+    assert any("draining 1 in flight" in line for line in s.log), "".join(s.log)

@@ -1,0 +1,121 @@
+"""`sluice transform`: Batch Transform semantics against the real serve process and moto's S3."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from tests.helpers import run_sluice
+
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(monkeypatch_module):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for k, v in AWS_ENV.items():
+        monkeypatch_module.setenv(k, v)
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def jsonl(records) -> bytes:
+    return ("\n".join(json.dumps(r) for r in records) + "\n").encode()
+
+
+def test_s3_prefix_with_manifest_multi_record_and_join(trained, s3_endpoint):
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="data")
+    files = {
+        "incoming/a b/ünï.jsonl": jsonl([{"id": i, "text": f"The cat {i}"} for i in range(30)]),
+        "incoming/b.jsonl": jsonl([{"id": "x", "text": "In the desert", "task": "score"}, 42]),
+        "incoming/c.jsonl": jsonl([{"id": "skip", "text": "not in the manifest"}]),
+    }  # fmt: skip
+    for key, body in files.items():
+        s3.put_object(Bucket="data", Key=key, Body=body)
+    manifest = [{"prefix": "s3://data/incoming/"}, "a b/ünï.jsonl", "b.jsonl"]
+    s3.put_object(Bucket="data", Key="manifests/m.json", Body=json.dumps(manifest).encode())
+
+    proc = run_sluice(
+        "transform", "--model", str(trained["model"]), "--input", "s3://data/manifests/m.json",
+        "--manifest", "--output", "s3://data/outputs/job-1", "--endpoint-url", s3_endpoint,
+        "--max-payload-mb", "1", "--join-source", "Input", "--env", "SLUICE_BATCH_WAIT_MS=1",
+        env=AWS_ENV,
+    )  # fmt: skip
+    summary = json.loads(proc.stdout[proc.stdout.index("{\n") :])
+    assert summary["TransformJobStatus"] == "Completed"
+    assert summary["records"] == 32 and summary["error_lines"] == 1
+    keys = sorted(
+        o["Key"] for o in s3.list_objects_v2(Bucket="data", Prefix="outputs/")["Contents"]
+    )
+    assert keys == ["outputs/job-1/a b/ünï.jsonl.out", "outputs/job-1/b.jsonl.out"]
+    body = s3.get_object(Bucket="data", Key="outputs/job-1/a b/ünï.jsonl.out")["Body"].read()
+    lines = body.decode().split("\n")
+    assert lines[-1] == "" and len(lines) == 31  # AssembleWith=Line: a newline after each
+    joined = [json.loads(x) for x in lines[:-1]]
+    assert [j["id"] for j in joined] == list(range(30))
+    assert all(j["SageMakerOutput"]["id"] == j["id"] for j in joined)
+    b = s3.get_object(Bucket="data", Key="outputs/job-1/b.jsonl.out")["Body"].read().decode()
+    first, second = b.rstrip("\n").split("\n")
+    assert json.loads(first)["SageMakerOutput"]["task"] == "score"
+    assert second.startswith("42,") and '"code":"invalid_record"' in second
+
+
+def test_local_folder_single_record_and_no_split(trained, tmp_path):
+    src = tmp_path / "in"
+    (src / "sub").mkdir(parents=True)
+    (src / "p.txt").write_text("The cat\nThe dog\n")
+    (src / "sub" / "q.txt").write_text("The cow\n")
+    out = tmp_path / "out"
+    proc = run_sluice(
+        "transform", "--model", str(trained["model"]), "--input", str(src), "--output", str(out),
+        "--content-type", "text/plain", "--strategy", "SingleRecord",
+        "--max-concurrent-transforms", "3",
+    )  # fmt: skip
+    summary = json.loads(proc.stdout[proc.stdout.index("{\n") :])
+    assert summary["BatchStrategy"] == "SingleRecord" and summary["records"] == 3
+    assert len((out / "p.txt.out").read_text().splitlines()) == 2
+    assert len((out / "sub" / "q.txt.out").read_text().splitlines()) == 1
+
+    whole = tmp_path / "whole"
+    run_sluice(
+        "transform", "--model", str(trained["model"]), "--input", str(src / "p.txt"),
+        "--output", str(whole), "--content-type", "text/plain", "--split-type", "None",
+        "--assemble-with", "None",
+    )  # fmt: skip
+    assert len((whole / "p.txt.out").read_text().split("\n")) == 2
+
+
+def test_a_failing_file_gets_no_output_and_fails_the_job(trained, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "good.jsonl").write_text('{"text": "The cat"}\n')
+    (src / "bad.jsonl").write_bytes('{"text": "x"}\n'.encode("utf-16"))  # unreadable: a 400
+    out = tmp_path / "out"
+    proc = run_sluice(
+        "transform", "--model", str(trained["model"]), "--input", str(src), "--output", str(out),
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    summary = json.loads(proc.stdout[proc.stdout.index("{\n") :])
+    assert summary["TransformJobStatus"] == "Failed"
+    assert "bad.jsonl" in summary["FailureReason"] and "UTF-16" in summary["FailureReason"]
+    assert (out / "good.jsonl.out").exists() and not (out / "bad.jsonl.out").exists()
