@@ -9,6 +9,7 @@ which other records share its batch.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import time
@@ -38,6 +39,7 @@ class EngineConfig:
     max_rows: int = 256
     default_max_new_tokens: int = 32
     truncation: str = "left"
+    logits_mb: int = 64  # cap on one micro-batch's float32 logits when scoring
 
     @classmethod
     def from_env(cls, device: torch.device, defaults: dict | None = None) -> EngineConfig:
@@ -47,6 +49,9 @@ class EngineConfig:
             max_rows=int(os.environ.get("SLUICE_MAX_ROWS", 512 if device.type == "cuda" else 256)),
             default_max_new_tokens=int((defaults or {}).get("max_new_tokens", 32)),
             truncation=os.environ.get("SLUICE_TRUNCATION", "left"),
+            logits_mb=int(
+                os.environ.get("SLUICE_LOGITS_MB", 1024 if device.type == "cuda" else 64)
+            ),
         )
 
 
@@ -102,6 +107,9 @@ class Engine:
         self.config = config or EngineConfig()
         self.eos = tokenizer.eos_token_id
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        # prefill needs only the last position's logits (most causal LMs accept this)
+        params = inspect.signature(model.forward).parameters
+        self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     # --- preparation (request threads) ---------------------------------------------------------
 
@@ -204,6 +212,7 @@ class Engine:
             scores = score_ids(
                 self.model, [j.ids for j in batch], self.pad, self.context,
                 self.config.token_budget, per_token=per_token,
+                logits_bytes=self.config.logits_mb * 2**20,
             )  # fmt: skip
             for j, s in zip(batch, scores, strict=True):
                 res = {
@@ -333,7 +342,9 @@ class Engine:
             mask[i, longest - len(r.prompt) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **self.last_only
+        )
         past, logits = out.past_key_values, out.logits[:, -1]
         next_pos = pos[:, -1:] + 1
         steps = max(r.max_new for r in rows)

@@ -44,6 +44,9 @@ def windows(ids: list[int], context: int) -> list[tuple[list[int], int]]:
     return out
 
 
+LOGITS_BYTES = 64 * 2**20  # per micro-batch: larger logits tensors cost more in page faults
+
+
 @torch.inference_mode()
 def score_ids(
     model: torch.nn.Module,
@@ -52,13 +55,17 @@ def score_ids(
     context: int,
     batch_tokens: int = 16384,
     per_token: bool = False,
+    logits_bytes: int = LOGITS_BYTES,
 ) -> list[Score]:
     """Score each sequence (its first id is context only); returns Scores in input order.
 
     Sequences are cut into windows of at most `context` tokens, windows sorted by length and run in
-    micro-batches whose padded size stays within `batch_tokens`, then summed back per sequence.
+    micro-batches whose padded size stays within `batch_tokens` and whose float32 logits stay
+    within `logits_bytes`, then summed back per sequence.
     """
     device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    batch_tokens = max(context, min(batch_tokens, logits_bytes // (4 * vocab)))
     pieces: list[tuple[int, list[int]]] = []  # (sequence index, window ids)
     for i, ids in enumerate(sequences):
         if len(ids) >= 2:
