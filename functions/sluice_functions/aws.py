@@ -1,0 +1,32 @@
+"""AWS clients and error classification shared by the handlers (created once per cold start)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+# Retried by SQS (batch item failure) rather than acknowledged: the next attempt may succeed.
+TRANSIENT = {
+    "ThrottlingException", "Throttling", "ThrottledException", "RequestLimitExceeded",
+    "TooManyRequestsException", "ServiceUnavailable", "InternalFailure", "InternalServerError",
+    "ResourceLimitExceeded", "SlowDown", "RequestTimeout",
+}  # fmt: skip
+CONFIG = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=30)
+
+
+@cache
+def client(service: str):
+    return boto3.client(service, config=CONFIG)
+
+
+def error_code(e: ClientError) -> str:
+    return e.response.get("Error", {}).get("Code", "")
+
+
+def already_exists(e: ClientError) -> bool:
+    """SageMaker's answer to a job name in use (a duplicate batch)."""
+    msg = e.response.get("Error", {}).get("Message", "")
+    return error_code(e) == "ResourceInUse" or "already exists" in msg or "must be unique" in msg

@@ -1,0 +1,291 @@
+"""Pure logic of the batch path: which uploads to transform, how to group them, what to ask for.
+
+No AWS calls here: handlers parse events, call these functions, and send what they return.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from urllib.parse import unquote_plus
+
+from aws_lambda_powertools.utilities.data_classes import S3Event
+
+JOB_NAME_MAX = 63  # SageMaker: ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$
+JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One object to transform, from one SQS message."""
+
+    message_id: str
+    bucket: str
+    key: str
+    size: int
+    etag: str
+    version_id: str | None = None
+
+    @property
+    def identity(self) -> str:
+        """What makes this upload unique: the object and its version (or content tag)."""
+        return f"{self.bucket}/{self.key}@{self.version_id or self.etag}"
+
+
+@dataclass
+class Skip:
+    message_id: str
+    reason: str
+    key: str | None = None
+
+
+@dataclass
+class Parsed:
+    uploads: list[Upload] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    malformed: list[Skip] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the start_transform function is configured with (its environment)."""
+
+    stage: str
+    bucket: str
+    incoming_prefix: str = "incoming/"
+    suffixes: tuple[str, ...] = (".jsonl", ".json", ".txt", ".csv")
+    max_files: int = 1000
+    max_bytes: int = 5 * 2**30
+    role_arn: str = ""
+    kms_key_arn: str = ""
+    instance_type: str = "ml.g5.xlarge"
+    instance_count: int = 1
+    max_payload_mb: int = 1
+    max_concurrent: int = 0  # 0: ask the container (/execution-parameters)
+    invocation_timeout_s: int = 3600
+    invocation_retries: int = 1
+    content_type: str = "application/jsonlines"
+    accept: str = "application/jsonlines"
+    join_source: str = "None"
+    task: str = "generate"
+    parameters: str = "{}"
+    capture: bool = True
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Settings:
+        def csv(name: str) -> tuple[str, ...]:
+            return tuple(x.strip() for x in env.get(name, "").split(",") if x.strip())
+
+        return cls(
+            stage=env["STAGE"],
+            bucket=env["DATA_BUCKET"],
+            incoming_prefix=env.get("INCOMING_PREFIX", "incoming/"),
+            suffixes=csv("INPUT_SUFFIXES") or cls.suffixes,
+            max_files=int(env.get("MAX_FILES_PER_JOB", 1000)),
+            max_bytes=int(env.get("MAX_BYTES_PER_JOB", 5 * 2**30)),
+            role_arn=env.get("SAGEMAKER_ROLE_ARN", ""),
+            kms_key_arn=env.get("KMS_KEY_ARN", ""),
+            instance_type=env.get("TRANSFORM_INSTANCE_TYPE", "ml.g5.xlarge"),
+            instance_count=int(env.get("TRANSFORM_INSTANCE_COUNT", 1)),
+            max_payload_mb=int(env.get("MAX_PAYLOAD_MB", 1)),
+            max_concurrent=int(env.get("MAX_CONCURRENT_TRANSFORMS", 0)),
+            invocation_timeout_s=int(env.get("INVOCATION_TIMEOUT_SECONDS", 3600)),
+            invocation_retries=int(env.get("INVOCATION_MAX_RETRIES", 1)),
+            content_type=env.get("CONTENT_TYPE", "application/jsonlines"),
+            accept=env.get("ACCEPT", "application/jsonlines"),
+            join_source=env.get("JOIN_SOURCE", "None"),
+            task=env.get("DEFAULT_TASK", "generate"),
+            parameters=env.get("DEFAULT_PARAMETERS", "{}") or "{}",
+            capture=env.get("DATA_CAPTURE", "true").lower() == "true",
+        )
+
+
+# --- parsing ----------------------------------------------------
+
+
+def parse_message(message_id: str, body: str, settings: Settings, parsed: Parsed) -> None:
+    """Add the uploads of one SQS message (an S3 event notification) to `parsed`.
+
+    Skips (each with its reason): S3's test event, other event types, folder markers, empty
+    objects, keys outside the incoming prefix or the configured suffixes. A body that is not an S3
+    notification at all is malformed: logged and acknowledged, never retried forever.
+    """
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, TypeError):
+        parsed.malformed.append(Skip(message_id, "message body is not JSON"))
+        return
+    if not isinstance(doc, dict):
+        parsed.malformed.append(Skip(message_id, "message body is not a JSON object"))
+        return
+    if doc.get("Event") == "s3:TestEvent":
+        parsed.skipped.append(Skip(message_id, "s3:TestEvent"))
+        return
+    if not isinstance(doc.get("Records"), list) or not doc["Records"]:
+        parsed.malformed.append(Skip(message_id, "not an S3 event notification (no Records)"))
+        return
+    try:
+        records = list(S3Event(doc).records)
+        for rec in records:
+            _parse_record(message_id, rec, settings, parsed)
+    except (KeyError, TypeError, ValueError) as e:
+        parsed.malformed.append(Skip(message_id, f"S3 notification missing a field: {e}"))
+
+
+def _parse_record(message_id: str, rec, settings: Settings, parsed: Parsed) -> None:
+    key = unquote_plus(rec.s3.get_object.key)
+    if not rec.event_name.startswith("ObjectCreated:"):
+        parsed.skipped.append(Skip(message_id, f"event {rec.event_name}", key))
+    elif key.endswith("/"):
+        parsed.skipped.append(Skip(message_id, "folder marker", key))
+    elif not key.startswith(settings.incoming_prefix):
+        parsed.skipped.append(Skip(message_id, f"outside {settings.incoming_prefix}", key))
+    elif not key.lower().endswith(tuple(s.lower() for s in settings.suffixes)):
+        parsed.skipped.append(Skip(message_id, f"suffix not in {list(settings.suffixes)}", key))
+    elif not rec.s3.get_object.size:
+        parsed.skipped.append(Skip(message_id, "zero-byte object", key))
+    else:
+        obj = rec.s3.get_object
+        parsed.uploads.append(
+            Upload(
+                message_id, rec.s3.bucket.name, key, int(obj.size), obj.etag or "",
+                obj.get("versionId"),
+            )
+        )  # fmt: skip
+
+
+# --- grouping and naming ----------------------------------------------------
+
+
+def dedupe(uploads: list[Upload]) -> list[Upload]:
+    """One entry per object version (S3 may notify twice; a batch may hold both)."""
+    seen, out = set(), []
+    for u in uploads:
+        if u.identity not in seen:
+            seen.add(u.identity)
+            out.append(u)
+    return out
+
+
+def plan_jobs(uploads: list[Upload], max_files: int, max_bytes: int) -> list[list[Upload]]:
+    """Coalesce the batch into as few jobs as the limits allow, in arrival order.
+
+    A single object larger than max_bytes still gets a job of its own (it cannot be split).
+    """
+    jobs: list[list[Upload]] = []
+    current: list[Upload] = []
+    size = 0
+    for u in uploads:
+        if current and (len(current) >= max_files or size + u.size > max_bytes):
+            jobs.append(current)
+            current, size = [], 0
+        current.append(u)
+        size += u.size
+    if current:
+        jobs.append(current)
+    return jobs
+
+
+def job_name(stage: str, uploads: list[Upload]) -> str:
+    """Deterministic from the content: the same uploads always give the same name."""
+    digest = hashlib.sha256("\n".join(sorted(u.identity for u in uploads)).encode()).hexdigest()
+    prefix = f"sluice-{stage}-"
+    name = prefix + digest[: JOB_NAME_MAX - len(prefix)]
+    assert JOB_NAME_RE.match(name), name
+    return name
+
+
+def common_prefix(keys: list[str]) -> str:
+    """The longest folder prefix (ending in '/') shared by all keys."""
+    first, last = min(keys), max(keys)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return first[:n][: first[:n].rfind("/") + 1]
+
+
+def manifest(bucket: str, keys: list[str]) -> tuple[str, list]:
+    """A SageMaker manifest file: a prefix, then keys relative to it (outputs keep that path)."""
+    prefix = common_prefix(keys)
+    return prefix, [{"prefix": f"s3://{bucket}/{prefix}"}, *[k[len(prefix) :] for k in keys]]
+
+
+def output_prefix(settings: Settings, name: str) -> str:
+    """Outputs land beside the inputs' folder structure, under outputs/<job>/."""
+    return f"s3://{settings.bucket}/outputs/{name}/"
+
+
+def transform_request(
+    settings: Settings, model_name: str, name: str, manifest_key: str, uploads: list[Upload]
+) -> dict:
+    """The CreateTransformJob request for one group of uploads."""
+    env = {"SLUICE_TASK": settings.task, "SAGEMAKER_BATCH": "true"}
+    params = json.loads(settings.parameters)
+    if params:
+        env["SLUICE_PARAMETERS"] = json.dumps(params, separators=(",", ":"))
+    env["SLUICE_INVOCATION_TIMEOUT"] = str(max(1, settings.invocation_timeout_s - 30))
+    req: dict = {
+        "TransformJobName": name,
+        "ModelName": model_name,
+        "BatchStrategy": "MultiRecord",
+        "MaxPayloadInMB": settings.max_payload_mb,
+        "ModelClientConfig": {
+            "InvocationsTimeoutInSeconds": settings.invocation_timeout_s,
+            "InvocationsMaxRetries": settings.invocation_retries,
+        },
+        "Environment": env,
+        "TransformInput": {
+            "DataSource": {
+                "S3DataSource": {
+                    "S3DataType": "ManifestFile",
+                    "S3Uri": f"s3://{settings.bucket}/{manifest_key}",
+                }
+            },
+            "ContentType": settings.content_type,
+            "CompressionType": "None",
+            "SplitType": "Line",
+        },
+        "TransformOutput": {
+            "S3OutputPath": output_prefix(settings, name),
+            "Accept": settings.accept,
+            "AssembleWith": "Line",
+        },
+        "TransformResources": {
+            "InstanceType": settings.instance_type,
+            "InstanceCount": settings.instance_count,
+        },
+        "Tags": source_tags(settings, uploads),
+    }
+    if settings.max_concurrent:
+        req["MaxConcurrentTransforms"] = settings.max_concurrent
+    if settings.kms_key_arn:
+        req["TransformOutput"]["KmsKeyId"] = settings.kms_key_arn
+        req["TransformResources"]["VolumeKmsKeyId"] = settings.kms_key_arn
+    if settings.join_source == "Input":
+        req["DataProcessing"] = {"JoinSource": "Input"}
+    if settings.capture:
+        req["DataCaptureConfig"] = {
+            "DestinationS3Uri": f"s3://{settings.bucket}/capture/batch/{name}/",
+            "GenerateInferenceId": True,
+            **({"KmsKeyId": settings.kms_key_arn} if settings.kms_key_arn else {}),
+        }
+    return req
+
+
+TAG_VALUE_MAX = 256
+
+
+def source_tags(settings: Settings, uploads: list[Upload]) -> list[dict]:
+    """Tags naming the job's sources (tag values are capped at 256 characters)."""
+    keys = [u.key for u in uploads]
+    listed = ",".join(keys)
+    if len(listed) > TAG_VALUE_MAX:
+        listed = listed[: TAG_VALUE_MAX - 20].rsplit(",", 1)[0] + f",+{len(keys)} total"
+    safe = re.sub(r"[^\w.:/=+\-@ ,]", "_", listed)  # characters tags allow
+    return [
+        {"Key": "sluice:stage", "Value": settings.stage},
+        {"Key": "sluice:files", "Value": str(len(keys))},
+        {"Key": "sluice:sources", "Value": safe},
+    ]

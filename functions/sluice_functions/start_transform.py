@@ -1,0 +1,158 @@
+"""start_transform: an SQS batch of S3 upload events -> SageMaker Batch Transform job(s).
+
+The whole batch is coalesced into one job over a manifest (split only where the per-job limits
+require), named from its content so a redelivered batch finds its job already there. Throttling
+and transient errors report those messages as batch item failures (retried, then the DLQ);
+messages that are not S3 events are logged, counted and acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities import parameters
+from aws_lambda_powertools.utilities.data_classes import SQSEvent, event_source
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError
+
+from .aws import TRANSIENT, already_exists, client, error_code
+from .batching import (
+    Parsed,
+    Settings,
+    Upload,
+    dedupe,
+    job_name,
+    manifest,
+    parse_message,
+    plan_jobs,
+    transform_request,
+)
+from .reports import failure_report, report_key
+
+logger = Logger(service="sluice-start-transform")
+metrics = Metrics(namespace="Sluice", service="start-transform")
+tracer = Tracer(service="sluice-start-transform")
+NO_MODEL = ("", "none", "None")
+
+
+class NoModel(Exception):
+    """No model to transform with yet (the SSM parameter still holds its placeholder)."""
+
+
+def current_model() -> str:
+    name = parameters.get_parameter(os.environ["MODEL_PARAMETER"], max_age=60)
+    if name in NO_MODEL:
+        raise NoModel(
+            f"no model yet: SSM parameter {os.environ['MODEL_PARAMETER']} is {name!r}; train "
+            "and promote a first model (see README: bootstrap the first model)"
+        )
+    return name
+
+
+def start_job(settings: Settings, model: str, group: list[Upload]) -> str:
+    """Write the manifest and create the job; returns 'started' or 'duplicate'."""
+    name = job_name(settings.stage, group)
+    if job_exists(name):
+        logger.info("job already exists: a redelivered batch", extra={"job": name})
+        return "duplicate"
+    _, body = manifest(settings.bucket, [u.key for u in group])
+    key = f"manifests/{name}.json"
+    client("s3").put_object(
+        Bucket=settings.bucket, Key=key, Body=json.dumps(body).encode(),
+        ContentType="application/json",
+    )  # fmt: skip
+    try:
+        client("sagemaker").create_transform_job(
+            **transform_request(settings, model, name, key, group)
+        )
+    except ClientError as e:
+        if already_exists(e):
+            logger.info("job already exists: a redelivered batch", extra={"job": name})
+            return "duplicate"
+        raise
+    logger.info("transform job started", extra={"job": name, "files": len(group)})
+    return "started"
+
+
+def job_exists(name: str) -> bool:
+    try:
+        client("sagemaker").describe_transform_job(TransformJobName=name)
+        return True
+    except ClientError as e:
+        if error_code(e) in ("ValidationException", "ResourceNotFound"):
+            return False  # SageMaker's answer for an unknown job name
+        raise
+
+
+def report_no_model(settings: Settings, uploads: list[Upload], reason: str) -> None:
+    """A failure report an operator can act on; the messages go back to SQS (then the DLQ)."""
+    name = job_name(settings.stage, uploads)
+    report = failure_report(name, "NoModel", reason, [u.key for u in uploads])
+    client("s3").put_object(
+        Bucket=settings.bucket, Key=report_key(f"s3://{settings.bucket}/outputs/{name}/", False),
+        Body=json.dumps(report, indent=2).encode(), ContentType="application/json",
+    )  # fmt: skip
+    topic = os.environ.get("TOPIC_ARN")
+    if topic:
+        client("sns").publish(
+            TopicArn=topic, Subject=f"Sluice {settings.stage}: no model for {len(uploads)} uploads",
+            Message=json.dumps(report, indent=2),
+        )  # fmt: skip
+
+
+@metrics.log_metrics
+@tracer.capture_lambda_handler
+@logger.inject_lambda_context
+@event_source(data_class=SQSEvent)
+def handler(event: SQSEvent, context: LambdaContext) -> dict:
+    settings = Settings.from_env(dict(os.environ))
+    parsed = Parsed()
+    first_receipt = set()
+    for rec in event.records:
+        parse_message(rec.message_id, rec.body, settings, parsed)
+        if rec.attributes.approximate_receive_count == "1":
+            first_receipt.add(rec.message_id)
+    for skip in parsed.skipped:
+        logger.info("skipped", extra={"reason": skip.reason, "key": skip.key})
+    for bad in parsed.malformed:
+        logger.error("malformed message acknowledged", extra={"message_id": bad.message_id,
+                                                               "reason": bad.reason})  # fmt: skip
+    metrics.add_metric("Skipped", MetricUnit.Count, len(parsed.skipped))
+    metrics.add_metric("MalformedMessages", MetricUnit.Count, len(parsed.malformed))
+    uploads = dedupe(parsed.uploads)
+    if not uploads:
+        return {"batchItemFailures": []}
+    metrics.add_metric("Files", MetricUnit.Count, len(uploads))
+    metrics.add_metric("Bytes", MetricUnit.Bytes, sum(u.size for u in uploads))
+
+    try:
+        model = current_model()
+    except NoModel as e:
+        logger.error(str(e), extra={"files": len(uploads)})
+        metrics.add_metric("NoModel", MetricUnit.Count, 1)
+        if any(u.message_id in first_receipt for u in uploads):
+            report_no_model(settings, uploads, str(e))
+        return failures({u.message_id for u in uploads})
+
+    failed: set[str] = set()
+    for group in plan_jobs(uploads, settings.max_files, settings.max_bytes):
+        try:
+            outcome = start_job(settings, model, group)
+            metrics.add_metric("JobsStarted" if outcome == "started" else "DuplicateBatches",
+                               MetricUnit.Count, 1)  # fmt: skip
+        except ClientError as e:
+            code = error_code(e)
+            logger.error("could not start transform job", extra={
+                "error": code, "detail": str(e), "transient": code in TRANSIENT,
+                "keys": [u.key for u in group]})  # fmt: skip
+            metrics.add_metric("StartFailures", MetricUnit.Count, 1)
+            # transient or not, the uploads are valid: retry, then the DLQ keeps them
+            failed |= {u.message_id for u in group}
+    return failures(failed)
+
+
+def failures(message_ids: set[str]) -> dict:
+    return {"batchItemFailures": [{"itemIdentifier": m} for m in sorted(message_ids)]}

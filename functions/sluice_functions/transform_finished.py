@@ -1,0 +1,121 @@
+"""transform_finished: SageMaker Transform Job State Change -> _SUCCESS.json / _FAILURE.json.
+
+Completed: a summary beside the outputs (inputs, outputs with record and error-line counts,
+duration). Failed or Stopped: the FailureReason and the input keys, and an SNS notification.
+SageMaker may deliver the same event twice: the report is written only if absent, so the
+notification goes out once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError
+
+from .aws import client, error_code
+from .reports import (
+    count_lines,
+    duration_s,
+    failure_report,
+    parse_manifest,
+    report_key,
+    split_uri,
+    success_report,
+)
+
+logger = Logger(service="sluice-transform-finished")
+metrics = Metrics(namespace="Sluice", service="transform-finished")
+tracer = Tracer(service="sluice-transform-finished")
+FINAL = {"Completed", "Failed", "Stopped"}
+
+
+def input_keys(detail: dict) -> tuple[str, list[str]]:
+    """(input prefix URI, relative keys) from the job's manifest (or its S3 prefix)."""
+    source = detail["TransformInput"]["DataSource"]["S3DataSource"]
+    uri = source["S3Uri"]
+    if source.get("S3DataType") != "ManifestFile":
+        return uri, [""]
+    bucket, key = split_uri(uri)
+    try:
+        body = client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+        return parse_manifest(body)
+    except (ClientError, ValueError, KeyError, IndexError) as e:
+        logger.warning("manifest unreadable", extra={"manifest": uri, "error": str(e)})
+        return uri, []
+
+
+def output_counts(output_uri: str, prefix: str, keys: list[str]) -> list[dict]:
+    s3 = client("s3")
+    bucket, out_prefix = split_uri(output_uri.rstrip("/") + "/")
+    files = []
+    for rel in keys:
+        key = f"{out_prefix}{rel}.out"
+        try:
+            body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+            records, errors = count_lines(body.iter_chunks(1 << 20))
+            files.append({"input": prefix + rel, "output": f"s3://{bucket}/{key}",
+                          "records": records, "error_lines": errors})  # fmt: skip
+        except ClientError as e:
+            files.append({"input": prefix + rel, "output": None, "records": 0, "error_lines": 0,
+                          "missing": error_code(e)})  # fmt: skip
+    return files
+
+
+def write_once(uri: str, key: str, report: dict) -> bool:
+    """Write the report unless it exists (a duplicate event); True when this call wrote it."""
+    bucket, _ = split_uri(uri)
+    try:
+        client("s3").put_object(
+            Bucket=bucket, Key=key, Body=json.dumps(report, indent=2).encode(),
+            ContentType="application/json", IfNoneMatch="*",
+        )  # fmt: skip
+        return True
+    except ClientError as e:
+        if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return False
+        raise
+
+
+@metrics.log_metrics
+@tracer.capture_lambda_handler
+@logger.inject_lambda_context
+@event_source(data_class=EventBridgeEvent)
+def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
+    detail = event.detail
+    name, status = detail.get("TransformJobName"), detail.get("TransformJobStatus")
+    if not name or status not in FINAL:
+        logger.info("ignored", extra={"job": name, "status": status})
+        return {"job": name, "status": status, "action": "ignored"}
+    logger.append_keys(correlation_id=name)
+    output_uri = detail["TransformOutput"]["S3OutputPath"]
+    prefix, keys = input_keys(detail)
+    inputs = [prefix + k for k in keys]
+    if status == "Completed":
+        files = output_counts(output_uri, prefix, keys)
+        report = success_report(detail, inputs, files)
+        key = report_key(output_uri, True)
+        wrote = write_once(output_uri, key, report)
+        metrics.add_metric("JobsCompleted", MetricUnit.Count, int(wrote))
+        metrics.add_metric("Records", MetricUnit.Count, report["records"] if wrote else 0)
+        metrics.add_metric("ErrorLines", MetricUnit.Count, report["error_lines"] if wrote else 0)
+    else:
+        report = failure_report(
+            name, status, detail.get("FailureReason") or f"job {status.lower()}", inputs,
+            model=detail.get("ModelName"), duration_s=duration_s(detail),
+        )  # fmt: skip
+        key = report_key(output_uri, False)
+        wrote = write_once(output_uri, key, report)
+        if wrote:
+            metrics.add_metric("JobsFailed", MetricUnit.Count, 1)
+            client("sns").publish(
+                TopicArn=os.environ["TOPIC_ARN"],
+                Subject=f"Sluice transform {status.lower()}: {name}"[:100],
+                Message=json.dumps(report, indent=2),
+            )  # fmt: skip
+    logger.info("report", extra={"key": key, "written": wrote, "status": status})
+    return {"job": name, "status": status, "report": key, "written": wrote}

@@ -1,0 +1,277 @@
+"""The batch path with moto: S3 upload -> SQS -> start_transform -> transform job -> reports."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+BUCKET = "sluice-dev-data"
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+PARAM = "/sluice/dev/current-model"
+
+
+@dataclass
+class Context:
+    function_name: str = "sluice-dev-start-transform"
+    memory_limit_in_mb: int = 256
+    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sluice"
+    aws_request_id: str = "req-1"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    env = {
+        "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_TRACE_DISABLED": "true",
+        "POWERTOOLS_METRICS_NAMESPACE": "Sluice", "STAGE": "dev", "DATA_BUCKET": BUCKET,
+        "MODEL_PARAMETER": PARAM, "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm",
+        "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k", "MAX_FILES_PER_JOB": "1000",
+    }  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        from aws_lambda_powertools.utilities import parameters
+
+        from sluice_functions.aws import client
+
+        client.cache_clear()
+        parameters.clear_caches()
+        s3 = boto3.client("s3", region_name=REGION)
+        sqs = boto3.client("sqs", region_name=REGION)
+        sns = boto3.client("sns", region_name=REGION)
+        sm = boto3.client("sagemaker", region_name=REGION)
+        s3.create_bucket(Bucket=BUCKET)
+        queue = sqs.create_queue(QueueName="incoming")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        s3.put_bucket_notification_configuration(
+            Bucket=BUCKET,
+            NotificationConfiguration={"QueueConfigurations": [{
+                "QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
+                "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "incoming/"}]}},
+            }]},
+        )  # fmt: skip
+        topic = sns.create_topic(Name="notifications")["TopicArn"]
+        inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
+        inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=inbox_arn)
+        monkeypatch.setenv("TOPIC_ARN", topic)
+        sm.create_model(
+            ModelName="sluice-dev-model-1", ExecutionRoleArn=env["SAGEMAKER_ROLE_ARN"],
+            PrimaryContainer={"Image": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1"},
+        )  # fmt: skip
+        boto3.client("ssm", region_name=REGION).put_parameter(
+            Name=PARAM, Value="sluice-dev-model-1", Type="String"
+        )
+        yield {"s3": s3, "sqs": sqs, "sm": sm, "queue": queue, "inbox": inbox, "topic": topic}
+
+
+def sqs_event(aws, expect: int | None = None) -> dict:
+    """Receive what S3 delivered to the queue and shape it as Lambda's SQS event."""
+    records = []
+    while True:
+        got = (
+            aws["sqs"]
+            .receive_message(QueueUrl=aws["queue"], MaxNumberOfMessages=10, AttributeNames=["All"])
+            .get("Messages", [])
+        )
+        if not got:
+            break
+        for m in got:
+            records.append({
+                "messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"], "attributes": {**m["Attributes"],
+                                                  "ApproximateReceiveCount": "1"},
+                "messageAttributes": {}, "md5OfBody": m["MD5OfBody"], "eventSource": "aws:sqs",
+                "eventSourceARN": f"arn:aws:sqs:{REGION}:{ACCOUNT}:incoming", "awsRegion": REGION,
+            })  # fmt: skip
+    if expect is not None:
+        assert len(records) == expect
+    return {"Records": records}
+
+
+def start(event):
+    from sluice_functions import start_transform
+
+    return start_transform.handler(event, Context())
+
+
+def jobs(aws) -> list[dict]:
+    names = [
+        j["TransformJobName"] for j in aws["sm"].list_transform_jobs()["TransformJobSummaries"]
+    ]
+    return [aws["sm"].describe_transform_job(TransformJobName=n) for n in names]
+
+
+def upload(aws, key: str, lines: int = 3):
+    body = "\n".join(json.dumps({"id": i, "text": f"prompt {i}"}) for i in range(lines)) + "\n"
+    aws["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.encode())
+
+
+def test_uploads_coalesce_into_one_manifest_job(aws, capfd, caplog):
+    keys = ["incoming/a b/ünicode é.jsonl", "incoming/b.jsonl", "incoming/c.txt"]
+    for k in keys:
+        upload(aws, k)
+    upload(aws, "outputs/not-mine.jsonl")  # outside the prefix: no notification at all
+    aws["s3"].put_object(Bucket=BUCKET, Key="incoming/empty.jsonl", Body=b"")
+    event = sqs_event(aws, expect=5)  # S3's test event + 4 object events
+    assert start(event) == {"batchItemFailures": []}
+    (job,) = jobs(aws)
+    assert job["ModelName"] == "sluice-dev-model-1"
+    src = job["TransformInput"]["DataSource"]["S3DataSource"]
+    assert src["S3DataType"] == "ManifestFile"
+    manifest = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=src["S3Uri"].split("/", 3)[3])
+                          ["Body"].read())  # fmt: skip
+    assert manifest[0] == {"prefix": f"s3://{BUCKET}/incoming/"}
+    assert sorted(manifest[1:]) == sorted(k.removeprefix("incoming/") for k in keys)
+    skipped = [r.__dict__.get("reason") for r in caplog.records if r.getMessage() == "skipped"]
+    assert "s3:TestEvent" in skipped and "zero-byte object" in skipped
+    assert '"JobsStarted"' in capfd.readouterr().out  # an EMF metric
+
+
+def test_a_redelivered_batch_starts_nothing_twice(aws, capfd):
+    upload(aws, "incoming/x.jsonl")
+    event = sqs_event(aws)
+    start(event)
+    start(event)
+    assert len(jobs(aws)) == 1
+    assert '"DuplicateBatches"' in capfd.readouterr().out
+
+
+def test_throttling_reports_the_messages_for_retry(aws, monkeypatch):
+    from sluice_functions.aws import client
+
+    upload(aws, "incoming/x.jsonl")
+    upload(aws, "incoming/y.jsonl")
+    event = sqs_event(aws)
+    file_ids = sorted(r["messageId"] for r in event["Records"] if "TestEvent" not in r["body"])
+
+    def throttled(**kw):
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}},
+                          "CreateTransformJob")  # fmt: skip
+
+    monkeypatch.setattr(client("sagemaker"), "create_transform_job", throttled)
+    failures = start(event)["batchItemFailures"]
+    assert sorted(f["itemIdentifier"] for f in failures) == file_ids
+    assert jobs(aws) == []
+
+
+def test_malformed_messages_are_acknowledged_and_counted(aws, capfd, caplog):
+    event = {"Records": [{
+        "messageId": str(uuid.uuid4()), "receiptHandle": "h", "body": "{not json",
+        "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
+        "md5OfBody": "", "eventSource": "aws:sqs", "eventSourceARN": "arn", "awsRegion": REGION,
+    }]}  # fmt: skip
+    assert start(event) == {"batchItemFailures": []}
+    assert "malformed message acknowledged" in caplog.text
+    assert '"MalformedMessages":[1.0]' in capfd.readouterr().out
+
+
+def test_no_model_yet_fails_loudly_and_keeps_the_uploads(aws, caplog):
+    boto3.client("ssm", region_name=REGION).put_parameter(
+        Name=PARAM, Value="none", Type="String", Overwrite=True
+    )
+    upload(aws, "incoming/x.jsonl")
+    event = sqs_event(aws)
+    failures = start(event)["batchItemFailures"]
+    assert len(failures) == 1  # back to the queue, then its DLQ: nothing lost
+    assert jobs(aws) == []
+    reports = [o["Key"] for o in aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix="outputs/")
+               .get("Contents", [])]  # fmt: skip
+    assert len(reports) == 1 and reports[0].endswith("/_FAILURE.json")
+    report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=reports[0])["Body"].read())
+    assert report["status"] == "NoModel" and "incoming/x.jsonl" in report["inputs"]
+    assert "no model yet" in caplog.text
+    assert notifications(aws)
+
+
+def notifications(aws) -> list[dict]:
+    got = aws["sqs"].receive_message(QueueUrl=aws["inbox"], MaxNumberOfMessages=10)
+    return [json.loads(json.loads(m["Body"])["Message"]) for m in got.get("Messages", [])]
+
+
+# --- transform_finished --------------------------------------------------------------------------
+
+
+def state_change(job: dict, status: str, reason: str | None = None) -> dict:
+    """An event shaped like AWS's "SageMaker Transform Job State Change" sample."""
+    detail = {
+        "TransformJobName": job["TransformJobName"], "TransformJobArn": job["TransformJobArn"],
+        "TransformJobStatus": status, "ModelName": job["ModelName"],
+        "TransformInput": job["TransformInput"], "TransformOutput": job["TransformOutput"],
+        "TransformResources": job["TransformResources"], "CreationTime": 1_700_000_000_000,
+        "TransformStartTime": 1_700_000_060_000, "TransformEndTime": 1_700_000_660_000,
+        "Tags": {},
+    }  # fmt: skip
+    if reason:
+        detail["FailureReason"] = reason
+    return {
+        "version": "0", "id": str(uuid.uuid4()), "detail-type":
+        "SageMaker Transform Job State Change", "source": "aws.sagemaker", "account": ACCOUNT,
+        "time": "2026-12-02T12:00:00Z", "region": REGION, "resources": [job["TransformJobArn"]],
+        "detail": detail,
+    }  # fmt: skip
+
+
+def finished(event):
+    from sluice_functions import transform_finished
+
+    return transform_finished.handler(event, Context(function_name="transform-finished"))
+
+
+def started_job(aws) -> dict:
+    upload(aws, "incoming/p/a.jsonl", lines=3)
+    upload(aws, "incoming/p/b.jsonl", lines=2)
+    start(sqs_event(aws))
+    (job,) = jobs(aws)
+    return job
+
+
+def test_completed_job_gets_a_success_report_once(aws):
+    job = started_job(aws)
+    out = job["TransformOutput"]["S3OutputPath"]
+    prefix = out.split("/", 3)[3]
+    aws["s3"].put_object(
+        Bucket=BUCKET,
+        Key=f"{prefix}a.jsonl.out",
+        Body=b'{"id":0}\n{"id":1,"error":{"code":"x","message":"y"}}\n{"id":2}\n',
+    )
+    aws["s3"].put_object(Bucket=BUCKET, Key=f"{prefix}b.jsonl.out", Body=b'{"id":0}\n{"id":1}\n')
+    first = finished(state_change(job, "Completed"))
+    assert first["written"] is True and first["report"] == f"{prefix}_SUCCESS.json"
+    report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())
+    assert (report["records"], report["error_lines"], report["duration_s"]) == (5, 1, 600.0)
+    assert [f["records"] for f in report["outputs"]] == [3, 2]
+    assert report["inputs"] == [f"s3://{BUCKET}/incoming/p/{n}.jsonl" for n in "ab"]
+    assert finished(state_change(job, "Completed"))["written"] is False  # duplicate event
+
+
+def test_failed_job_reports_and_notifies_once(aws):
+    job = started_job(aws)
+    event = state_change(job, "Failed", "ClientError: model container failed a ping")
+    first = finished(event)
+    assert first["report"].endswith("/_FAILURE.json") and first["written"]
+    report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())
+    assert report["reason"] == "ClientError: model container failed a ping"
+    assert len(report["inputs"]) == 2
+    assert finished(event)["written"] is False
+    (note,) = notifications(aws)
+    assert note["job"] == job["TransformJobName"] and note["status"] == "Failed"
+
+
+def test_other_events_are_ignored(aws):
+    job = started_job(aws)
+    assert finished(state_change(job, "InProgress"))["action"] == "ignored"

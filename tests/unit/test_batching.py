@@ -1,0 +1,135 @@
+"""Pure builders of the batch path: parsing, grouping, naming, manifests, the request itself."""
+
+from __future__ import annotations
+
+import json
+
+import botocore.session
+import pytest
+from botocore.validate import ParamValidator
+
+from sluice_functions.batching import (
+    JOB_NAME_RE,
+    Parsed,
+    Settings,
+    Upload,
+    dedupe,
+    job_name,
+    manifest,
+    parse_message,
+    plan_jobs,
+    source_tags,
+    transform_request,
+)
+
+SETTINGS = Settings(
+    stage="dev", bucket="sluice-dev-data", role_arn="arn:aws:iam::123456789012:role/r",
+    kms_key_arn="arn:aws:kms:us-east-1:123456789012:key/k", join_source="Input",
+    parameters='{"max_new_tokens": 64}',
+)  # fmt: skip
+
+
+def s3_event(key: str, size: int = 10, event: str = "ObjectCreated:Put", etag="e1") -> str:
+    return json.dumps({"Records": [{
+        "eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1",
+        "eventName": event, "s3": {"bucket": {"name": "sluice-dev-data"},
+                                   "object": {"key": key, "size": size, "eTag": etag}},
+    }]})  # fmt: skip
+
+
+def parse(*bodies: str) -> Parsed:
+    parsed = Parsed()
+    for i, b in enumerate(bodies):
+        parse_message(f"m{i}", b, SETTINGS, parsed)
+    return parsed
+
+
+def test_keys_are_decoded_and_skips_have_reasons():
+    p = parse(
+        s3_event("incoming/my+file%C3%BC.jsonl"),
+        json.dumps({"Service": "Amazon S3", "Event": "s3:TestEvent", "Bucket": "b"}),
+        s3_event("incoming/folder/", size=0),
+        s3_event("incoming/empty.jsonl", size=0),
+        s3_event("incoming/image.png"),
+        s3_event("outputs/x.jsonl"),
+        s3_event("incoming/x.jsonl", event="ObjectRemoved:Delete"),
+        "not json",
+        json.dumps({"hello": 1}),
+    )
+    assert [u.key for u in p.uploads] == ["incoming/my fileü.jsonl"]
+    assert [s.reason for s in p.skipped] == [
+        "s3:TestEvent", "folder marker", "zero-byte object",
+        "suffix not in ['.jsonl', '.json', '.txt', '.csv']", "outside incoming/",
+        "event ObjectRemoved:Delete",
+    ]  # fmt: skip
+    assert [m.message_id for m in p.malformed] == ["m7", "m8"]
+
+
+def upload(i: int, size: int = 100) -> Upload:
+    return Upload(f"m{i}", "b", f"incoming/f{i}.jsonl", size, f"e{i}")
+
+
+def test_one_job_per_batch_split_only_by_the_limits():
+    ups = [upload(i) for i in range(10)]
+    assert len(plan_jobs(ups, 1000, 10**9)) == 1
+    assert [len(g) for g in plan_jobs(ups, 4, 10**9)] == [4, 4, 2]
+    assert [len(g) for g in plan_jobs(ups, 1000, 250)] == [2, 2, 2, 2, 2]
+    assert [len(g) for g in plan_jobs([upload(0, 10**6)], 1000, 10)] == [1]  # too big: alone
+
+
+def test_job_names_are_deterministic_valid_and_order_free():
+    ups = [upload(i) for i in range(5)]
+    name = job_name("dev", ups)
+    assert name == job_name("dev", list(reversed(ups)))
+    assert name != job_name("dev", ups[:4])
+    assert len(name) <= 63 and JOB_NAME_RE.match(name) and name.startswith("sluice-dev-")
+    changed = [*ups[:4], Upload("m4", "b", ups[4].key, 100, "other-etag")]
+    assert job_name("dev", changed) != name  # a re-upload of the same key is a new job
+
+
+def test_duplicate_notifications_are_one_upload():
+    ups = [upload(1), upload(1), upload(2)]
+    assert [u.key for u in dedupe(ups)] == ["incoming/f1.jsonl", "incoming/f2.jsonl"]
+
+
+def test_manifest_keeps_paths_relative_to_the_common_folder():
+    prefix, body = manifest("b", ["incoming/a/x.jsonl", "incoming/a/y/z.jsonl", "incoming/b.txt"])
+    assert prefix == "incoming/"
+    assert body == [{"prefix": "s3://b/incoming/"}, "a/x.jsonl", "a/y/z.jsonl", "b.txt"]
+
+
+def validate(operation: str, params: dict) -> None:
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    report = ParamValidator().validate(params, model.operation_model(operation).input_shape)
+    assert not report.has_errors(), report.generate_report()
+
+
+def test_the_request_matches_botocores_service_model_and_asks_for_the_right_things():
+    ups = [upload(i) for i in range(3)]
+    name = job_name("dev", ups)
+    req = transform_request(SETTINGS, "sluice-model-1", name, f"manifests/{name}.json", ups)
+    validate("CreateTransformJob", req)
+    assert req["TransformInput"]["DataSource"]["S3DataSource"]["S3DataType"] == "ManifestFile"
+    assert req["TransformInput"]["SplitType"] == "Line"
+    assert req["BatchStrategy"] == "MultiRecord"
+    assert req["TransformOutput"]["AssembleWith"] == "Line"
+    assert req["DataProcessing"] == {"JoinSource": "Input"}
+    assert req["TransformOutput"]["KmsKeyId"] == SETTINGS.kms_key_arn
+    assert req["TransformResources"]["VolumeKmsKeyId"] == SETTINGS.kms_key_arn
+    assert req["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 3600,
+                                        "InvocationsMaxRetries": 1}  # fmt: skip
+    assert "MaxConcurrentTransforms" not in req  # 0: the container's /execution-parameters
+    env = req["Environment"]
+    assert env["SLUICE_TASK"] == "generate"
+    assert json.loads(env["SLUICE_PARAMETERS"]) == {"max_new_tokens": 64}
+    assert int(env["SLUICE_INVOCATION_TIMEOUT"]) < 3600  # the container answers before the cutoff
+    assert req["DataCaptureConfig"]["DestinationS3Uri"].startswith("s3://sluice-dev-data/capture/")
+    assert req["TransformOutput"]["S3OutputPath"] == f"s3://sluice-dev-data/outputs/{name}/"
+
+
+@pytest.mark.parametrize("n", [1, 3, 500])
+def test_tags_name_the_sources_within_limits(n):
+    tags = {t["Key"]: t["Value"] for t in source_tags(SETTINGS, [upload(i) for i in range(n)])}
+    assert tags["sluice:files"] == str(n)
+    assert len(tags["sluice:sources"]) <= 256
+    assert "incoming/f0.jsonl" in tags["sluice:sources"]
