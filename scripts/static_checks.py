@@ -24,6 +24,19 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SUBSTITUTION = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 FAKE_ACCOUNT = "123456789012"
+FUNCTION_ZIP_BUDGET = 5 * 2**20  # Lambda packages stay light: cold starts matter
+
+
+def zipped_size(folder: Path) -> int:
+    """Size of the deployment zip sam would upload for one built function."""
+    import zipfile
+
+    with tempfile.TemporaryFile() as f:
+        with zipfile.ZipFile(f, "w", zipfile.ZIP_DEFLATED) as z:
+            for p in sorted(folder.rglob("*")):
+                if p.is_file():
+                    z.write(p, p.relative_to(folder))
+        return f.tell()
 
 
 class MissingTool(Exception):
@@ -173,6 +186,24 @@ def make_checks(args: argparse.Namespace) -> dict[str, Callable[[], int]]:
         cmd = [sam, "validate", "--lint", "--region", "us-east-1", "--template", "template.yaml"]
         return run(cmd, root, {"SAM_CLI_TELEMETRY": "0"})
 
+    def sam_build() -> int:
+        """`sam build` must work here, and each function's zip stays within its budget."""
+        sam = find_tool(
+            "sam", args.sam, "Run `make lint` (creates .venv-sam) or pip install aws-sam-cli."
+        )
+        with tempfile.TemporaryDirectory() as build:
+            cmd = [sam, "build", "--region", "us-east-1", "--build-dir", build,
+                   "--template", "template.yaml"]  # fmt: skip
+            rc = run(cmd, root, {"SAM_CLI_TELEMETRY": "0"})
+            if rc:
+                return rc
+            for fn in sorted(p for p in Path(build).iterdir() if p.is_dir()):
+                size = zipped_size(fn)
+                ok = size <= FUNCTION_ZIP_BUDGET
+                print(f"{fn.name}: {size / 2**20:.2f} MB zipped ({'ok' if ok else 'OVER BUDGET'})")
+                rc |= not ok
+        return int(rc)
+
     def asl() -> int:
         return check_asl(root, find_tool("statelint", None, venv_hint))
 
@@ -191,6 +222,7 @@ def make_checks(args: argparse.Namespace) -> dict[str, Callable[[], int]]:
         "ruff-format": ruff_format,
         "cfn-lint": cfn_lint,
         "sam-validate": sam_validate,
+        "sam-build": sam_build,
         "asl": asl,
         "checkov": checkov,
     }

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities import parameters
 from aws_lambda_powertools.utilities.data_classes import SQSEvent, event_source
@@ -34,7 +34,6 @@ from .reports import failure_report, report_key
 
 logger = Logger(service="sluice-start-transform")
 metrics = Metrics(namespace="Sluice", service="start-transform")
-tracer = Tracer(service="sluice-start-transform")
 NO_MODEL = ("", "none", "None")
 
 
@@ -104,7 +103,6 @@ def report_no_model(settings: Settings, uploads: list[Upload], reason: str) -> N
 
 
 @metrics.log_metrics
-@tracer.capture_lambda_handler
 @logger.inject_lambda_context
 @event_source(data_class=SQSEvent)
 def handler(event: SQSEvent, context: LambdaContext) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -30,7 +30,6 @@ from .reports import (
 
 logger = Logger(service="sluice-transform-finished")
 metrics = Metrics(namespace="Sluice", service="transform-finished")
-tracer = Tracer(service="sluice-transform-finished")
 FINAL = {"Completed", "Failed", "Stopped"}
 
 
@@ -82,7 +81,6 @@ def write_once(uri: str, key: str, report: dict) -> bool:
 
 
 @metrics.log_metrics
-@tracer.capture_lambda_handler
 @logger.inject_lambda_context
 @event_source(data_class=EventBridgeEvent)
 def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
