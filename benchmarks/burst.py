@@ -74,6 +74,9 @@ def main() -> None:
                 break
             batches[turn % args.pollers] += got
             turn += 1
+            # taken by a poller: out of the queue (moto scans every message on each receive)
+            sqs.delete_message_batch(QueueUrl=url, Entries=[
+                {"Id": str(k), "ReceiptHandle": m["ReceiptHandle"]} for k, m in enumerate(got)])
         invocations = []
         for b in batches:
             for s in range(0, len(b), args.batch_size):
