@@ -75,8 +75,12 @@ def main() -> None:
             batches[turn % args.pollers] += got
             turn += 1
             # taken by a poller: out of the queue (moto scans every message on each receive)
-            sqs.delete_message_batch(QueueUrl=url, Entries=[
-                {"Id": str(k), "ReceiptHandle": m["ReceiptHandle"]} for k, m in enumerate(got)])
+            sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[
+                    {"Id": str(k), "ReceiptHandle": m["ReceiptHandle"]} for k, m in enumerate(got)
+                ],
+            )
         invocations = []
         for b in batches:
             for s in range(0, len(b), args.batch_size):

@@ -19,6 +19,10 @@ METRICS = (
     "baseline_perplexity",
     "validation_byte_perplexity",
     "baseline_byte_perplexity",
+    # the two figures the promotion gate compares (evaluation.json's "comparison"), so the
+    # state machine can gate on FinalMetricDataList without opening the model archive
+    "gate_challenger",
+    "gate_baseline",
 )
 METRIC_DEFINITIONS = [{"Name": name, "Regex": rf"\b{name}={NUMBER}"} for name in METRICS]
 

@@ -375,6 +375,10 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
     if baseline:
         values["baseline_perplexity"] = baseline["perplexity"]
         values["baseline_byte_perplexity"] = baseline["byte_perplexity"]
+    gate = report["comparison"]
+    values["gate_challenger"] = gate["challenger"]
+    if gate["baseline"] is not None:
+        values["gate_baseline"] = gate["baseline"]
     print(metric_line(**values), flush=True)
 
     staging = opt.work_dir / "model-staging"

@@ -74,6 +74,9 @@ def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, c
     assert report["comparison"]["same_tokenizer"] is True
     assert report["baseline"]["records"] == report["challenger"]["records"]
     assert "baseline_perplexity=" in proc.stdout
+    gate = report["comparison"]
+    assert f"gate_challenger={gate['challenger']:.6g}" in proc.stdout
+    assert f"gate_baseline={gate['baseline']:.6g}" in proc.stdout
     assert (out / "model" / "tokenizer.json").read_text() == (
         trained["model"] / "tokenizer.json"
     ).read_text()
