@@ -18,6 +18,7 @@ from aws_lambda_powertools.utilities.data_classes import SQSEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
+from . import claims
 from .aws import TRANSIENT, already_exists, client, error_code
 from .batching import (
     Parsed,
@@ -51,12 +52,30 @@ def current_model() -> str:
     return name
 
 
-def start_job(settings: Settings, model: str, group: list[Upload]) -> str:
-    """Write the manifest and create the job; returns 'started' or 'duplicate'."""
+class Contended(Exception):
+    """Another invocation claimed some of these uploads first: retry them later."""
+
+
+def start_job(settings: Settings, model: str, group: list[Upload], table: str | None) -> str:
+    """Claim the uploads, write the manifest, create the job; 'started' or 'duplicate'."""
     name = job_name(settings.stage, group)
     if job_exists(name):
         logger.info("job already exists: a redelivered batch", extra={"job": name})
         return "duplicate"
+    if table and claims.claim(table, group, name):
+        claims.release(table, group, name)
+        raise Contended(name)
+    try:
+        _create(settings, model, group, name)
+    except ClientError:
+        if table:
+            claims.release(table, group, name)
+        raise
+    return "started"
+
+
+def _create(settings: Settings, model: str, group: list[Upload], name: str) -> None:
+    """Write the manifest, then CreateTransformJob (an existing job counts as done)."""
     _, body = manifest(settings.bucket, [u.key for u in group])
     key = f"manifests/{name}.json"
     client("s3").put_object(
@@ -70,10 +89,9 @@ def start_job(settings: Settings, model: str, group: list[Upload]) -> str:
     except ClientError as e:
         if already_exists(e):
             logger.info("job already exists: a redelivered batch", extra={"job": name})
-            return "duplicate"
+            return
         raise
     logger.info("transform job started", extra={"job": name, "files": len(group)})
-    return "started"
 
 
 def job_exists(name: str) -> bool:
@@ -121,8 +139,17 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
     metrics.add_metric("Skipped", MetricUnit.Count, len(parsed.skipped))
     metrics.add_metric("MalformedMessages", MetricUnit.Count, len(parsed.malformed))
     uploads = dedupe(parsed.uploads)
+    table = os.environ.get("CLAIMS_TABLE")
+    failed: set[str] = set()
+    if table and uploads:
+        seen = claims.sort_uploads(table, uploads, job_exists)
+        for u, job in seen.duplicates:
+            logger.info("duplicate upload: already in a job", extra={"key": u.key, "job": job})
+        metrics.add_metric("DuplicateUploads", MetricUnit.Count, len(seen.duplicates))
+        failed |= {u.message_id for u in seen.in_flight}
+        uploads = seen.fresh
     if not uploads:
-        return {"batchItemFailures": []}
+        return failures(failed)
     metrics.add_metric("Files", MetricUnit.Count, len(uploads))
     metrics.add_metric("Bytes", MetricUnit.Bytes, sum(u.size for u in uploads))
 
@@ -133,12 +160,11 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
         metrics.add_metric("NoModel", MetricUnit.Count, 1)
         if any(u.message_id in first_receipt for u in uploads):
             report_no_model(settings, uploads, str(e))
-        return failures({u.message_id for u in uploads})
+        return failures(failed | {u.message_id for u in uploads})
 
-    failed: set[str] = set()
     for group in plan_jobs(uploads, settings.max_files, settings.max_bytes):
         try:
-            outcome = start_job(settings, model, group)
+            outcome = start_job(settings, model, group, table)
             metrics.add_metric("JobsStarted" if outcome == "started" else "DuplicateBatches",
                                MetricUnit.Count, 1)  # fmt: skip
         except ClientError as e:
@@ -148,6 +174,9 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
                 "keys": [u.key for u in group]})  # fmt: skip
             metrics.add_metric("StartFailures", MetricUnit.Count, 1)
             # transient or not, the uploads are valid: retry, then the DLQ keeps them
+            failed |= {u.message_id for u in group}
+        except Contended as e:
+            logger.warning("uploads claimed by another invocation; retrying", extra={"job": str(e)})
             failed |= {u.message_id for u in group}
     return failures(failed)
 

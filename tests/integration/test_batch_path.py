@@ -36,6 +36,7 @@ def aws(monkeypatch):
         "POWERTOOLS_METRICS_NAMESPACE": "Sluice", "STAGE": "dev", "DATA_BUCKET": BUCKET,
         "MODEL_PARAMETER": PARAM, "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm",
         "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k", "MAX_FILES_PER_JOB": "1000",
+        "CLAIMS_TABLE": "claims",
     }  # fmt: skip
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -51,6 +52,11 @@ def aws(monkeypatch):
         sns = boto3.client("sns", region_name=REGION)
         sm = boto3.client("sagemaker", region_name=REGION)
         s3.create_bucket(Bucket=BUCKET)
+        boto3.client("dynamodb", region_name=REGION).create_table(
+            TableName="claims", BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[{"AttributeName": "object", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "object", "KeyType": "HASH"}],
+        )  # fmt: skip
         queue = sqs.create_queue(QueueName="incoming")["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])[
             "Attributes"
@@ -142,13 +148,65 @@ def test_uploads_coalesce_into_one_manifest_job(aws, capfd, caplog):
     assert '"JobsStarted"' in capfd.readouterr().out  # an EMF metric
 
 
-def test_a_redelivered_batch_starts_nothing_twice(aws, capfd):
+@pytest.mark.parametrize("claims", [True, False], ids=["claims", "job-name-only"])
+def test_a_redelivered_batch_starts_nothing_twice(aws, capfd, monkeypatch, claims):
+    if not claims:  # the content-derived job name alone catches an identical batch
+        monkeypatch.delenv("CLAIMS_TABLE")
     upload(aws, "incoming/x.jsonl")
     event = sqs_event(aws)
     start(event)
     start(event)
     assert len(jobs(aws)) == 1
-    assert '"DuplicateBatches"' in capfd.readouterr().out
+    metric = '"DuplicateUploads":[1.0]' if claims else '"DuplicateBatches":[1.0]'
+    assert metric in capfd.readouterr().out
+
+
+def manifest_keys(aws, job: dict) -> list[str]:
+    uri = job["TransformInput"]["DataSource"]["S3DataSource"]["S3Uri"]
+    doc = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=uri.split("/", 3)[3])["Body"].read())
+    return [doc[0]["prefix"] + k for k in doc[1:]]
+
+
+def test_a_duplicate_event_in_another_batch_is_not_transformed_twice(aws, caplog):
+    upload(aws, "incoming/x.jsonl")
+    first = sqs_event(aws)
+    start(first)
+    upload(aws, "incoming/y.jsonl")
+    second = sqs_event(aws)
+    # S3 delivered x's event again, into a later batch with y's
+    x_event = next(r for r in first["Records"] if "x.jsonl" in r["body"])
+    second["Records"].append({**x_event, "messageId": str(uuid.uuid4())})
+    assert start(second) == {"batchItemFailures": []}
+    by_keys = sorted(manifest_keys(aws, j) for j in jobs(aws))
+    assert by_keys == [[f"s3://{BUCKET}/incoming/x.jsonl"], [f"s3://{BUCKET}/incoming/y.jsonl"]]
+    assert "duplicate upload: already in a job" in caplog.text
+
+
+def test_uploads_claimed_by_an_invocation_in_flight_are_retried_and_stale_claims_taken_over(aws):
+    import time
+
+    from sluice_functions.batching import Upload
+
+    upload(aws, "incoming/x.jsonl")
+    event = sqs_event(aws)
+    (rec,) = [r for r in event["Records"] if "x.jsonl" in r["body"]]
+    body = json.loads(rec["body"])["Records"][0]["s3"]["object"]
+    identity = Upload(
+        "", BUCKET, "incoming/x.jsonl", 1, body["eTag"], body.get("versionId")
+    ).identity
+    ddb = boto3.client("dynamodb", region_name=REGION)
+
+    def claimed(seconds_ago: int) -> None:
+        ddb.put_item(TableName="claims", Item={
+            "object": {"S": identity}, "job": {"S": "sluice-dev-elsewhere"},
+            "claimed": {"N": str(int(time.time()) - seconds_ago)}})  # fmt: skip
+
+    claimed(5)  # another invocation is creating its job right now
+    assert start(event)["batchItemFailures"] == [{"itemIdentifier": rec["messageId"]}]
+    assert jobs(aws) == []
+    claimed(3600)  # left by a crash before its job existed
+    assert start(event) == {"batchItemFailures": []}
+    assert len(jobs(aws)) == 1
 
 
 def test_throttling_reports_the_messages_for_retry(aws, monkeypatch):

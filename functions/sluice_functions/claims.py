@@ -1,0 +1,103 @@
+"""Per-object idempotency: each object version is claimed by exactly one transform job.
+
+The content-derived job name makes an identical redelivered batch a no-op. Claims cover the rest:
+S3 delivering one event twice into two different batches, or a crash after CreateTransformJob whose
+messages come back grouped differently. A claim names the job; an upload whose claim names a job
+that exists is a duplicate and is dropped. A claim whose job does not exist is either in flight in
+another invocation (young: retry later) or left by a crash (older than STALE_S: taken over).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from botocore.exceptions import ClientError
+
+from .aws import client, error_code
+from .batching import Upload
+
+STALE_S = 900  # longer than the function's timeout: a claim this old was left by a crash
+TTL_S = 14 * 86400
+
+
+@dataclass
+class Sorted:
+    fresh: list[Upload]  # no claim: go into a new job
+    duplicates: list[tuple[Upload, str]]  # claimed by a job that exists
+    in_flight: list[Upload]  # claimed by a job being created elsewhere: retry later
+
+
+def _get(table: str, uploads: list[Upload]) -> dict[str, dict]:
+    found: dict[str, dict] = {}
+    ddb = client("dynamodb")
+    keys = list(dict.fromkeys(u.identity for u in uploads))
+    for start in range(0, len(keys), 100):
+        request = {table: {"Keys": [{"object": {"S": k}} for k in keys[start : start + 100]]}}
+        while request:
+            resp = ddb.batch_get_item(RequestItems=request)
+            for item in resp["Responses"].get(table, []):
+                found[item["object"]["S"]] = {
+                    "job": item["job"]["S"], "claimed": int(item["claimed"]["N"])
+                }  # fmt: skip
+            request = resp.get("UnprocessedKeys") or {}
+    return found
+
+
+def sort_uploads(table: str, uploads: list[Upload], job_exists, now: float | None = None) -> Sorted:
+    """Split uploads by what their claims say (see the module docstring)."""
+    now = time.time() if now is None else now
+    claims = _get(table, uploads)
+    out = Sorted([], [], [])
+    exists: dict[str, bool] = {}
+    for u in uploads:
+        claim = claims.get(u.identity)
+        if claim is None:
+            out.fresh.append(u)
+            continue
+        job = claim["job"]
+        if job not in exists:
+            exists[job] = job_exists(job)
+        if exists[job]:
+            out.duplicates.append((u, job))
+        elif now - claim["claimed"] > STALE_S:
+            out.fresh.append(u)  # its claimant crashed before creating the job
+        else:
+            out.in_flight.append(u)
+    return out
+
+
+def claim(table: str, uploads: list[Upload], job: str, now: float | None = None) -> list[Upload]:
+    """Claim each upload for `job`; returns the uploads another job claimed first."""
+    now = int(time.time() if now is None else now)
+    lost = []
+    for u in uploads:
+        try:
+            client("dynamodb").put_item(
+                TableName=table,
+                Item={"object": {"S": u.identity}, "job": {"S": job}, "claimed": {"N": str(now)},
+                      "expires": {"N": str(now + TTL_S)}},
+                # free, already ours, or stale (left by a crash)
+                ConditionExpression="attribute_not_exists(#o) OR #j = :job OR #c < :stale",
+                ExpressionAttributeNames={"#o": "object", "#j": "job", "#c": "claimed"},
+                ExpressionAttributeValues={":job": {"S": job}, ":stale": {"N": str(now - STALE_S)}},
+            )  # fmt: skip
+        except ClientError as e:
+            if error_code(e) != "ConditionalCheckFailedException":
+                raise
+            lost.append(u)
+    return lost
+
+
+def release(table: str, uploads: list[Upload], job: str) -> None:
+    """Drop this job's claims (its creation failed): a retry may group the uploads differently."""
+    for u in uploads:
+        try:
+            client("dynamodb").delete_item(
+                TableName=table, Key={"object": {"S": u.identity}},
+                ConditionExpression="#j = :job", ExpressionAttributeNames={"#j": "job"},
+                ExpressionAttributeValues={":job": {"S": job}},
+            )  # fmt: skip
+        except ClientError as e:
+            if error_code(e) != "ConditionalCheckFailedException":
+                raise
