@@ -60,12 +60,14 @@ def micro_batches(costs: list[tuple[int, int]], budget: int, max_rows: int) -> l
     order = sorted(range(len(costs)), key=lambda i: costs[i])
     batches: list[list[int]] = []
     current: list[int] = []
+    longest = 0
     for i in order:
-        longest = max([costs[j][1] for j in current] + [costs[i][1]])
-        if current and (len(current) + 1 > max_rows or (len(current) + 1) * longest > budget):
+        grown = max(longest, costs[i][1])
+        if current and (len(current) + 1 > max_rows or (len(current) + 1) * grown > budget):
             batches.append(current)
-            current = []
+            current, grown = [], costs[i][1]
         current.append(i)
+        longest = grown
     if current:
         batches.append(current)
     return batches
@@ -110,6 +112,14 @@ class Engine:
         # prefill needs only the last position's logits (most causal LMs accept this)
         params = inspect.signature(model.forward).parameters
         self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._strs: dict[int, str] = {}
+
+    def token_str(self, i: int) -> str:
+        """One token's text, decoded once (next_token and per-token scores ask for many)."""
+        s = self._strs.get(i)
+        if s is None:
+            s = self._strs[i] = self.tok.decode([i])
+        return s
 
     # --- preparation (request threads) ---------------------------------------------------------
 
@@ -221,7 +231,7 @@ class Engine:
                 }  # fmt: skip
                 if j.record.params.get("per_token"):
                     res["token_logprobs"] = s.token_logprobs
-                    res["token_strs"] = [self.tok.decode([t]) for t in j.ids[1:]]
+                    res["token_strs"] = [self.token_str(t) for t in j.ids[1:]]
                 j.result = res
 
         # score_ids sorts and micro-batches internally; chunk only to bound one call's memory
@@ -229,18 +239,22 @@ class Engine:
         for start in range(0, len(jobs), chunk):
             self._guard(jobs[start : start + chunk], run)
 
+    def left_padded(self, seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
+        """ids, attention mask and position ids of a left-padded batch (last tokens aligned)."""
+        longest = max(map(len, seqs))
+        ids = torch.tensor([[self.pad] * (longest - len(s)) + s for s in seqs], dtype=torch.long)
+        mask = torch.tensor([[0] * (longest - len(s)) + [1] * len(s) for s in seqs])
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
     def _next_token(self, jobs: list[Job]) -> None:
         def run(batch: list[Job]) -> None:
-            longest = max(len(j.ids) for j in batch)
-            ids = torch.full((len(batch), longest), self.pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for r, j in enumerate(batch):
-                ids[r, : len(j.ids)] = torch.tensor(j.ids)
-                mask[r, : len(j.ids)] = 1
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            last = mask.sum(1) - 1
-            logits = self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-            probs = logits[torch.arange(len(batch), device=self.device), last].float().softmax(-1)
+            ids, mask, pos = self.left_padded([j.ids for j in batch])
+            logits = self.model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                **self.last_only,
+            ).logits  # fmt: skip
+            probs = logits[:, -1].float().softmax(-1)
             k_max = max(j.record.params.get("top_k", 5) for j in batch)
             top = torch.topk(probs, k_max, dim=-1)
             values, indices = top.values.cpu().tolist(), top.indices.cpu().tolist()
@@ -249,7 +263,7 @@ class Engine:
                 j.result = {
                     **_id_fields(j.record), "task": "next_token",
                     "next_tokens": [
-                        {"token": self.tok.decode([i]), "id": i, "prob": p}
+                        {"token": self.token_str(i), "id": i, "prob": p}
                         for p, i in zip(values[r][:k], indices[r][:k], strict=True)
                     ],
                 }  # fmt: skip
@@ -334,14 +348,7 @@ class Engine:
 
     def _generate_batch(self, rows: list[Row]) -> None:
         dev = self.device
-        longest = max(len(r.prompt) for r in rows)
-        ids = torch.full((len(rows), longest), self.pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, r in enumerate(rows):  # left padding: every row's last prompt token is aligned
-            ids[i, longest - len(r.prompt) :] = torch.tensor(r.prompt)
-            mask[i, longest - len(r.prompt) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, pos = self.left_padded([r.prompt for r in rows])
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **self.last_only
         )

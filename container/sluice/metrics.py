@@ -23,6 +23,9 @@ METRICS = (
     # state machine can gate on FinalMetricDataList without opening the model archive
     "gate_challenger",
     "gate_baseline",
+    # 1 - challenger / baseline: ASL's intrinsics cannot multiply, so a Choice state compares
+    # this with the promotion margin directly
+    "gate_improvement",
 )
 METRIC_DEFINITIONS = [{"Name": name, "Regex": rf"\b{name}={NUMBER}"} for name in METRICS]
 

@@ -379,6 +379,7 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
     values["gate_challenger"] = gate["challenger"]
     if gate["baseline"] is not None:
         values["gate_baseline"] = gate["baseline"]
+        values["gate_improvement"] = gate["improvement"]
     print(metric_line(**values), flush=True)
 
     staging = opt.work_dir / "model-staging"

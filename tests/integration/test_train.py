@@ -77,6 +77,7 @@ def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, c
     gate = report["comparison"]
     assert f"gate_challenger={gate['challenger']:.6g}" in proc.stdout
     assert f"gate_baseline={gate['baseline']:.6g}" in proc.stdout
+    assert f"gate_improvement={gate['improvement']:.6g}" in proc.stdout
     assert (out / "model" / "tokenizer.json").read_text() == (
         trained["model"] / "tokenizer.json"
     ).read_text()
