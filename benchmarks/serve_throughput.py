@@ -174,6 +174,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gen-records", type=int, default=96)
     ap.add_argument("--score-records", type=int, default=1024)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/serve_throughput.json")
     args = ap.parse_args()
 
@@ -193,15 +194,14 @@ def main() -> None:
     gen_tokens = args.gen_records * NEW_TOKENS
     print(f"model: GPT-2 {params / 1e6:.1f}M parameters, vocab {len(tok)}, "
           f"{torch.get_num_threads()} threads", file=sys.stderr)  # fmt: skip
-    flops = matmul_flops()
-
-    res: dict = {"parameters": params, "threads": torch.get_num_threads(), "matmul_flops": flops}
+    res: dict = {"parameters": params, "threads": torch.get_num_threads()}
+    # the slow per-record baselines once; the batched paths interleaved, medians of `repeats`
     base_gen, t_base_gen = timed(baseline_generate, model, tok, gen_texts)
-    plain_gen, t_plain_gen = timed(plain_generate, model, tok, gen_texts)
     base_sc, t_base_sc = timed(baseline_score, model, seqs)
-    plain_sc, t_plain_sc = timed(plain_score, model, seqs, tok.pad_token_id)
 
     server = ServeProcess(model_dir, {"SAGEMAKER_BATCH": "true"})
+    runs: dict[str, list[float]] = {"plain_gen": [], "sluice_gen": [], "plain_sc": [],
+                                    "sluice_sc": [], "matmul": []}  # fmt: skip
     try:
         server.wait_ready()
         ep = server.execution_parameters()
@@ -210,15 +210,28 @@ def main() -> None:
                     for i, t in enumerate(gen_texts)]  # fmt: skip
         sc_recs = [{"id": i, "text": t, "task": "score"} for i, t in enumerate(score_texts)]
         sluice_run(server, gen_recs[:8], 8, 1)  # warm-up: first-call allocations
-        runs_gen, runs_sc = [], []
-        for _ in range(2):
+        for _ in range(args.repeats):
+            plain_gen, t = timed(plain_generate, model, tok, gen_texts)
+            runs["plain_gen"].append(t)
             out_gen, t = timed(sluice_run, server, gen_recs, max(1, len(gen_recs) // conc), conc)
-            runs_gen.append(t)
+            runs["sluice_gen"].append(t)
+            plain_sc, t = timed(plain_score, model, seqs, tok.pad_token_id)
+            runs["plain_sc"].append(t)
             out_sc, t = timed(sluice_run, server, sc_recs, max(1, len(sc_recs) // conc), conc)
-            runs_sc.append(t)
+            runs["sluice_sc"].append(t)
+            runs["matmul"].append(matmul_flops())
     finally:
         server.stop()
-    t_sl_gen, t_sl_sc = statistics.median(runs_gen), statistics.median(runs_sc)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    t_plain_gen, t_sl_gen, t_plain_sc, t_sl_sc = (
+        med["plain_gen"],
+        med["sluice_gen"],
+        med["plain_sc"],
+        med["sluice_sc"],
+    )
+    flops = med["matmul"]
+    res["matmul_flops"] = flops
+    res["runs_s"] = runs
     sl_gen = [o["generated_text"] for o in out_gen]
     sl_sc = [o["logprob"] for o in out_sc]
 

@@ -39,7 +39,7 @@ class EngineConfig:
     max_rows: int = 256
     default_max_new_tokens: int = 32
     truncation: str = "left"
-    logits_mb: int = 64  # cap on one micro-batch's float32 logits when scoring
+    logits_mb: int = 32  # cap on one micro-batch's float32 logits when scoring
 
     @classmethod
     def from_env(cls, device: torch.device, defaults: dict | None = None) -> EngineConfig:
@@ -50,7 +50,7 @@ class EngineConfig:
             default_max_new_tokens=int((defaults or {}).get("max_new_tokens", 32)),
             truncation=os.environ.get("SLUICE_TRUNCATION", "left"),
             logits_mb=int(
-                os.environ.get("SLUICE_LOGITS_MB", 1024 if device.type == "cuda" else 64)
+                os.environ.get("SLUICE_LOGITS_MB", 1024 if device.type == "cuda" else 32)
             ),
         )
 

@@ -44,7 +44,7 @@ def windows(ids: list[int], context: int) -> list[tuple[list[int], int]]:
     return out
 
 
-LOGITS_BYTES = 64 * 2**20  # per micro-batch: larger logits tensors cost more in page faults
+LOGITS_BYTES = 32 * 2**20  # per micro-batch: larger logits tensors cost more in page faults
 
 
 @torch.inference_mode()
