@@ -77,13 +77,12 @@ def score_ids(
     piece_lp: dict[int, list[float]] = {}
     start = 0
     while start < len(order):
-        longest = len(pieces[order[start]][1])
         end = start + 1
         # lengths ascend, so the last window in a batch decides its padded width
         while end < len(order) and (end - start + 1) * len(pieces[order[end]][1]) <= batch_tokens:
             end += 1
         batch = [pieces[k][1] for k in order[start:end]]
-        longest = max(len(w) for w in batch)
+        longest = len(batch[-1])
         ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), longest), dtype=torch.long)
         for r, w in enumerate(batch):

@@ -74,9 +74,8 @@ def pick_dtype(device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def defaults_from(model_dir: Path) -> Defaults:
-    """Task defaults: SLUICE_TASK / SLUICE_PARAMETERS over the model's sluice.json."""
-    info = read_sluice_json(model_dir).get("task_defaults", {})
+def defaults_from(info: dict) -> Defaults:
+    """Task defaults: SLUICE_TASK / SLUICE_PARAMETERS over the model's sluice.json ones."""
     task = os.environ.get("SLUICE_TASK") or info.get("task") or "generate"
     if task not in TASKS:
         raise SluiceError(f"SLUICE_TASK={task!r}: choose one of {list(TASKS)}")
@@ -120,8 +119,8 @@ class State:
         dtype = pick_dtype(self.device)
         model, tok = load_model(self.model_dir, dtype=dtype)
         model.to(self.device)
-        self.defaults = defaults_from(self.model_dir)
         info = read_sluice_json(self.model_dir).get("task_defaults", {})
+        self.defaults = defaults_from(info)
         self.engine = Engine(model, tok, EngineConfig.from_env(self.device, info))
         wait_ms = float(os.environ.get("SLUICE_BATCH_WAIT_MS", "5"))
         self.batcher = Batcher(self.engine, max_wait_s=wait_ms / 1000)
