@@ -193,15 +193,17 @@ def test_payload_over_the_limit_is_413(trained):
         s.stop()
 
 
+def long_request(server: Server) -> tuple[threading.Thread, dict]:
+    """Send LONG_BATCH from a thread; the dict gets the response lines under "resp"."""
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(resp=server.lines(LONG_BATCH)))
+    t.start()
+    return t, result
+
+
 def test_ping_answers_during_a_long_request(trained):
     server = Server(trained["model"], **SLOW)
-    result = {}
-
-    def long_request():
-        result["resp"] = server.lines(LONG_BATCH)
-
-    t = threading.Thread(target=long_request)
-    t.start()
+    t, result = long_request(server)
     time.sleep(0.2)
     pings = []
     while t.is_alive() and len(pings) < 5:
@@ -271,13 +273,7 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_lines(server):
 
 def test_sigterm_finishes_the_request_in_flight_then_exits(trained):
     s = Server(trained["model"], **SLOW)
-    result = {}
-
-    def long_request():
-        result["resp"] = s.lines(LONG_BATCH)
-
-    t = threading.Thread(target=long_request)
-    t.start()
+    t, result = long_request(s)
     time.sleep(1.0)
     s.proc.send_signal(signal.SIGTERM)
     t.join(timeout=120)
