@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,3 +71,16 @@ def train_losses(stdout: str) -> list[float]:
 
 def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+@dataclass
+class LambdaContext:
+    """What Powertools reads from a Lambda context object."""
+
+    function_name: str = "sluice-dev-function"
+    memory_limit_in_mb: int = 256
+    invoked_function_arn: str = "arn:aws:lambda:us-east-1:123456789012:function:sluice"
+    aws_request_id: str = "req-1"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 60_000

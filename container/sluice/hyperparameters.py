@@ -80,6 +80,15 @@ class TrainConfig:
     )
     edge_seq_len: int = _doc("fixed sequence length of the edge export", default=128)
     loss_curve: bool = _doc("write loss_curve.png next to the model", default=True)
+    warm_start: bool = _doc(
+        "fine-tune the champion (channel `baseline`) when no `pretrained` channel is given",
+        default=False,
+    )
+    artifacts_s3_uri: str = _doc(
+        "S3 prefix that receives evaluation.json and the edge export as plain objects (the "
+        "retraining state machine registers and compiles them from there)",
+        default="",
+    )
     # serving defaults recorded in sluice.json
     default_task: str = _doc(
         "task a record gets when it names none: generate, score, next_token", default="generate"

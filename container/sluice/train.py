@@ -110,6 +110,9 @@ def _load_source(opt: OptML, cfg: TrainConfig, work: Path):
     channel = opt.channel("pretrained")
     if channel.exists() and any(channel.iterdir()):
         return load_model(unpack_model_source(channel, work)), str(channel)
+    baseline = opt.channel("baseline")
+    if cfg.warm_start and baseline.exists() and any(baseline.iterdir()):
+        return load_model(unpack_model_source(baseline, work / "warm-start")), "champion"
     if cfg.model_id:
         try:
             return load_model(cfg.model_id), cfg.model_id
@@ -411,7 +414,35 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
     opt.output_data_dir.mkdir(parents=True, exist_ok=True)
     (opt.output_data_dir / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
     log.info("model written to %s", opt.model_dir)
+    if cfg.artifacts_s3_uri:
+        publish_artifacts(cfg.artifacts_s3_uri, opt.output_data_dir / "evaluation.json",
+                          opt.model_dir / "edge")  # fmt: skip
     return report
+
+
+def publish_artifacts(prefix: str, evaluation: Path, edge: Path) -> list[str]:
+    """Upload evaluation.json and the edge export under `prefix` as plain S3 objects.
+
+    SageMaker only uploads model.tar.gz; Neo and the model registry need these files on their
+    own. A failed upload is logged, never fatal: the model itself is complete either way.
+    """
+    import boto3
+
+    from .transform import split_s3
+
+    bucket, key = split_s3(prefix.rstrip("/") + "/")
+    files = [(evaluation, "evaluation.json")]
+    if edge.is_dir():
+        files += [(p, f"edge/{p.name}") for p in sorted(edge.iterdir()) if p.is_file()]
+    s3, done = boto3.client("s3"), []
+    for path, name in files:
+        try:
+            s3.upload_file(str(path), bucket, key + name)
+            done.append(f"s3://{bucket}/{key}{name}")
+        except Exception as e:  # botocore raises several types; any one is reported the same
+            log.error("could not upload %s to s3://%s/%s%s: %s", path, bucket, key, name, e)
+    log.info("published %d artifact(s) under %s", len(done), prefix)
+    return done
 
 
 def publish(staging: Path, model_dir: Path) -> None:

@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import dataclass
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
+from tests.helpers import LambdaContext as Context
+
 BUCKET = "sluice-dev-data"
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 PARAM = "/sluice/dev/current-model"
-
-
-@dataclass
-class Context:
-    function_name: str = "sluice-dev-start-transform"
-    memory_limit_in_mb: int = 256
-    invoked_function_arn: str = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:sluice"
-    aws_request_id: str = "req-1"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 60_000
 
 
 @pytest.fixture

@@ -83,6 +83,61 @@ def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, c
     ).read_text()
 
 
+def test_warm_start_from_the_baseline_channel_publishes_artifacts_to_s3(
+    tmp_path, trained, corpus_dir
+):
+    """As the retraining state machine runs it: one `baseline` channel (the champion) is both the
+    starting point and the comparison; evaluation.json and the edge export land in S3 as plain
+    objects for the model registry and Neo."""
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        env = {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        }
+        s3 = boto3.client(
+            "s3",
+            region_name="us-east-1",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+        s3.create_bucket(Bucket="sluice-data")
+        out = tmp_path / "job"
+        run_sluice(
+            "train", "--train", str(corpus_dir / "train"), "--baseline", str(trained["model"]),
+            "--output", str(out),
+            *sets(hp(max_steps=5, warm_start="true", export_edge="true",
+                     artifacts_s3_uri="s3://sluice-data/models/job-1/artifacts/")),
+            env=env,
+        )  # fmt: skip
+        report = read_json(out / "model" / "evaluation.json")
+        assert report["mode"] == "finetune" and report["comparison"]["same_tokenizer"] is True
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="sluice-data")["Contents"]}
+        prefix = "models/job-1/artifacts/"
+        assert {
+            prefix + "evaluation.json",
+            prefix + "edge/model.tar.gz",
+            prefix + "edge/model.onnx",
+            prefix + "edge/neo.json",
+        } <= keys
+        body = s3.get_object(Bucket="sluice-data", Key=prefix + "evaluation.json")["Body"].read()
+        assert json.loads(body)["comparison"] == report["comparison"]
+    finally:
+        server.stop()
+
+
 def test_champion_with_another_tokenizer_is_compared_per_byte(tmp_path, trained, corpus_dir):
     out = tmp_path / "job"
     run_sluice(

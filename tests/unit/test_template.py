@@ -27,15 +27,19 @@ def test_every_queue_is_encrypted_with_the_key(name):
     assert R[name]["Properties"]["KmsMasterKeyId"] == {"Ref": "DataKey"}
 
 
-def test_data_bucket_is_kms_encrypted_versioned_private_and_triggers_on_incoming_only():
+def test_data_bucket_is_kms_encrypted_versioned_private_and_triggers_on_two_prefixes():
     p = R["DataBucket"]["Properties"]
     rule = p["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]
     assert rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"] == "aws:kms"
     assert rule["BucketKeyEnabled"] is True
     assert p["VersioningConfiguration"]["Status"] == "Enabled"
     assert all(p["PublicAccessBlockConfiguration"].values())
-    (notification,) = p["NotificationConfiguration"]["QueueConfigurations"]
-    assert notification["Filter"]["S3Key"]["Rules"] == [{"Name": "prefix", "Value": "incoming/"}]
+    # outputs/, models/ and capture/ never trigger anything: no loops
+    targets = {
+        n["Filter"]["S3Key"]["Rules"][0]["Value"]: n["Queue"]["Fn::GetAtt"][0]
+        for n in p["NotificationConfiguration"]["QueueConfigurations"]
+    }
+    assert targets == {"incoming/": "IncomingQueue", "training/": "TrainingQueue"}
 
 
 def test_pass_role_is_limited_to_sagemaker():
@@ -48,4 +52,25 @@ def test_pass_role_is_limited_to_sagemaker():
 
 def test_outputs_name_what_operators_need():
     assert {"DataBucketName", "IncomingQueueUrl", "CurrentModelParameterName",
-            "NotificationTopicArn"} <= set(T["Outputs"])  # fmt: skip
+            "NotificationTopicArn", "RetrainStateMachineArn", "EndpointName",
+            "ModelPackageGroupName"} <= set(T["Outputs"])  # fmt: skip
+
+
+def test_state_machine_role_passes_only_the_sagemaker_role_and_scopes_names():
+    statements = R["RetrainRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+    by_sid = {s["Sid"]: s for s in statements}
+    assert by_sid["PassExecutionRole"]["Condition"] == {
+        "StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}
+    }
+    for arn in by_sid["SageMakerJobsAndModels"]["Resource"]:
+        assert "sluice-${Stage}" in arn["Fn::Sub"]
+
+
+def test_every_substitution_the_definition_uses_is_defined():
+    import re
+
+    from tests.retrain_harness import REPO
+
+    used = set(re.findall(r"\$\{(\w+)\}", (REPO / "statemachine/retrain.asl.json").read_text()))
+    defined = set(R["RetrainStateMachine"]["Properties"]["DefinitionSubstitutions"])
+    assert used == defined

@@ -1,0 +1,198 @@
+"""retrain_trigger: every way a retrain starts goes through here, and through one guard.
+
+Events: SQS batches of S3 events under training/ (new data), a sweep every few minutes from
+EventBridge Scheduler (starts what is due: debounced uploads, triggers deferred by a running
+retrain), the optional retraining schedule, and manual requests
+(`aws lambda invoke --payload '{"action": "manual"}'`). Each adds to one pending record in DynamoDB
+(atomic counters, so concurrent invocations lose nothing); a retrain starts when the record is due
+(see retrain.due) and no execution is running, under a name derived from its trigger window, so two
+invocations racing over one window start one execution.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from aws_lambda_powertools import Logger, Metrics
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.data_classes import SQSEvent
+from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import ClientError
+
+from .aws import client, error_code
+from .batching import Parsed, Settings, dedupe, parse_message
+from .retrain import Pending, TriggerSettings, due, execution_input, execution_name
+
+logger = Logger(service="sluice-retrain-trigger")
+metrics = Metrics(namespace="Sluice", service="retrain-trigger")
+KEY = {"trigger": {"S": "pending"}}
+TRAINING_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".gz")
+
+
+def add(
+    table: str,
+    reason: str,
+    objects: int = 0,
+    size: int = 0,
+    *,
+    now: int,
+    violations: list[dict] | None = None,
+    hyperparameters: dict | None = None,
+) -> None:
+    """Record one trigger in the pending record (created on first use)."""
+    names = {"#w": "window", "#l": "last_seen", "#o": "objects", "#b": "bytes", "#r": "reasons"}
+    values = {":now": {"N": str(now)}, ":o": {"N": str(objects)}, ":b": {"N": str(size)},
+              ":r": {"SS": [reason]}}  # fmt: skip
+    sets = ["#w = if_not_exists(#w, :now)", "#l = :now"]
+    if violations is not None:
+        names["#v"], values[":v"] = "violations", {"S": json.dumps(violations)}
+        sets.append("#v = :v")
+    if hyperparameters:
+        names["#h"], values[":h"] = "hyperparameters", {"S": json.dumps(hyperparameters)}
+        sets.append("#h = :h")
+    client("dynamodb").update_item(
+        TableName=table,
+        Key=KEY,
+        ExpressionAttributeNames=names,
+        ExpressionAttributeValues=values,
+        UpdateExpression=f"SET {', '.join(sets)} ADD #o :o, #b :b, #r :r",
+    )
+
+
+def load(table: str) -> Pending | None:
+    item = client("dynamodb").get_item(TableName=table, Key=KEY, ConsistentRead=True).get("Item")
+    if not item:
+        return None
+    return Pending(
+        window=int(item["window"]["N"]),
+        last_seen=int(item["last_seen"]["N"]),
+        objects=int(item.get("objects", {}).get("N", 0)),
+        bytes=int(item.get("bytes", {}).get("N", 0)),
+        reasons=set(item.get("reasons", {}).get("SS", [])),
+        violations=json.loads(item.get("violations", {}).get("S", "[]")),
+        hyperparameters=json.loads(item.get("hyperparameters", {}).get("S", "{}")),
+    )
+
+
+def consume(table: str, p: Pending, now: int) -> None:
+    """Remove what a started retrain covered; triggers that arrived meanwhile stay pending."""
+    ddb = client("dynamodb")
+    try:
+        ddb.delete_item(
+            TableName=table, Key=KEY,
+            ConditionExpression="#w = :w AND #l = :l",
+            ExpressionAttributeNames={"#w": "window", "#l": "last_seen"},
+            ExpressionAttributeValues={":w": {"N": str(p.window)}, ":l": {"N": str(p.last_seen)}},
+        )  # fmt: skip
+        return
+    except ClientError as e:
+        if error_code(e) != "ConditionalCheckFailedException":
+            raise
+    # something arrived after we read: subtract what this retrain took, start a new window
+    try:
+        ddb.update_item(
+            TableName=table, Key=KEY,
+            ConditionExpression="#w = :w",
+            UpdateExpression="SET #w = :now ADD #o :o, #b :b DELETE #r :r",
+            ExpressionAttributeNames={
+                "#w": "window", "#o": "objects", "#b": "bytes", "#r": "reasons"},
+            ExpressionAttributeValues={
+                ":w": {"N": str(p.window)}, ":now": {"N": str(now)},
+                ":o": {"N": str(-p.objects)}, ":b": {"N": str(-p.bytes)},
+                ":r": {"SS": sorted(p.reasons or {"new-data"})},
+            },
+        )  # fmt: skip
+    except ClientError as e:
+        if error_code(e) != "ConditionalCheckFailedException":
+            raise
+        logger.info("pending record already consumed by another invocation")
+
+
+def running(state_machine: str) -> str | None:
+    """The name of a running retrain, if any (the no-concurrent-retrain guard)."""
+    found = client("stepfunctions").list_executions(
+        stateMachineArn=state_machine, statusFilter="RUNNING", maxResults=1
+    )["executions"]
+    return found[0]["name"] if found else None
+
+
+def has_objects(bucket: str, prefix: str) -> bool:
+    return client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)["KeyCount"] > 0
+
+
+def process(env: dict[str, str], now: int) -> dict:
+    """Start a retrain if one is due and none is running; say what happened and why."""
+    table, arn, bucket = env["RETRAIN_TABLE"], env["STATE_MACHINE_ARN"], env["DATA_BUCKET"]
+    settings = TriggerSettings.from_env(env)
+    p = load(table)
+    if p is None:
+        return {"outcome": "idle"}
+    why = due(p, now, settings)
+    if why is None:
+        logger.info("retrain not due yet", extra={"objects": p.objects, "bytes": p.bytes})
+        return {"outcome": "waiting", "objects": p.objects}
+    busy = running(arn)
+    if busy:
+        logger.info("retrain deferred: another is running", extra={"running": busy, "why": why})
+        metrics.add_metric("RetrainsDeferred", MetricUnit.Count, 1)
+        return {"outcome": "deferred", "running": busy}
+    name = execution_name(p)
+    doc = execution_input(p, bucket, settings, has_objects(bucket, settings.validation_prefix))
+    try:
+        client("stepfunctions").start_execution(
+            stateMachineArn=arn, name=name, input=json.dumps(doc)
+        )
+        metrics.add_metric("RetrainsStarted", MetricUnit.Count, 1)
+        logger.info("retrain started", extra={"execution": name, "why": why, "input": doc})
+    except ClientError as e:
+        if error_code(e) != "ExecutionAlreadyExists":
+            raise
+        logger.info("retrain for this window already started", extra={"execution": name})
+    consume(table, p, now)
+    return {"outcome": "started", "execution": name, "why": why}
+
+
+def record_uploads(event: SQSEvent, env: dict[str, str], now: int) -> int:
+    """Count new training objects in an SQS batch of S3 events; return how many were new."""
+    settings = Settings(
+        stage=env.get("STAGE", ""), bucket=env["DATA_BUCKET"],
+        incoming_prefix=TriggerSettings.from_env(env).training_prefix, suffixes=TRAINING_SUFFIXES,
+    )  # fmt: skip
+    parsed = Parsed()
+    for rec in event.records:
+        parse_message(rec.message_id, rec.body, settings, parsed)
+    for bad in parsed.malformed:
+        logger.error("malformed message acknowledged", extra={"reason": bad.reason})
+    for skip in parsed.skipped:
+        logger.info("skipped", extra={"reason": skip.reason, "key": skip.key})
+    uploads = dedupe(parsed.uploads)
+    if uploads:
+        add(env["RETRAIN_TABLE"], "new-data", len(uploads), sum(u.size for u in uploads), now=now)
+    return len(uploads)
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context
+def handler(event: dict, context: LambdaContext) -> dict:
+    env, now = dict(os.environ), int(time.time())
+    table = env["RETRAIN_TABLE"]
+    if isinstance(event.get("Records"), list):
+        new = record_uploads(SQSEvent(event), env, now)
+        metrics.add_metric("NewTrainingObjects", MetricUnit.Count, new)
+        try:
+            return process(env, now)
+        except ClientError as e:
+            # the uploads are recorded: retrying this batch would count them twice; the sweep
+            # starts the retrain instead
+            logger.error("could not start a retrain; the sweep will", extra={"error": str(e)})
+            return {"outcome": "error", "error": error_code(e)}
+    else:
+        action = event.get("action")
+        if action in ("schedule", "manual"):
+            add(table, action, now=now, hyperparameters=event.get("hyperparameters") or None)
+        elif action != "sweep":
+            logger.error("unknown event acknowledged", extra={"event_keys": sorted(event)})
+            return {"outcome": "ignored"}
+    return process(env, now)

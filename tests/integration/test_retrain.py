@@ -1,0 +1,250 @@
+"""The retraining state machine, executed unchanged by moto's Step Functions interpreter.
+
+Each path asserts the calls the execution made (from its own history), the SSM parameter batch
+inference reads, the model registry and the report published to the topic.
+"""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tests import retrain_harness as h
+
+CHAMPION = "sluice-test-champion"
+CHAMPION_DATA = f"s3://{h.BUCKET}/models/{CHAMPION}/output/model.tar.gz"
+
+
+@pytest.fixture
+def world(monkeypatch):
+    for k, v in {"AWS_DEFAULT_REGION": h.REGION, "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        sim = h.SimulatedSageMaker()
+        sim.install(monkeypatch)
+        w = h.create_world()
+        w["sim"] = sim
+        w["arn"] = h.create_state_machine(w)
+        yield w
+
+
+def sm():
+    return boto3.client("sagemaker", region_name=h.REGION)
+
+
+def current_model() -> str:
+    return boto3.client("ssm", region_name=h.REGION).get_parameter(Name=h.PARAM)["Parameter"][
+        "Value"
+    ]
+
+
+def packages() -> list[dict]:
+    found = sm().list_model_package_groups()  # the group exists
+    assert found["ModelPackageGroupSummaryList"]
+    listed = sm().list_model_packages(ModelPackageGroupName=h.GROUP)["ModelPackageSummaryList"]
+    return [sm().describe_model_package(ModelPackageName=p["ModelPackageArn"]) for p in listed]
+
+
+def install_champion(world) -> None:
+    """A champion serving on the endpoint, as a previous promotion leaves it."""
+    sm().create_model(ModelName=CHAMPION, ExecutionRoleArn=h.ROLE,
+                      PrimaryContainer={"Image": "img", "ModelDataUrl": CHAMPION_DATA})  # fmt: skip
+    sm().create_endpoint_config(EndpointConfigName=CHAMPION, ProductionVariants=[{
+        "VariantName": "AllTraffic", "ModelName": CHAMPION, "InstanceType": "ml.g4dn.xlarge",
+        "InitialInstanceCount": 1}])  # fmt: skip
+    sm().create_endpoint(EndpointName=h.ENDPOINT, EndpointConfigName=CHAMPION)
+    sm().describe_endpoint(EndpointName=h.ENDPOINT)  # the simulated creation completes
+    sm().describe_endpoint(EndpointName=h.ENDPOINT)
+    boto3.client("ssm", region_name=h.REGION).put_parameter(
+        Name=h.PARAM, Value=CHAMPION, Type="String", Overwrite=True
+    )
+
+
+def training_request(execution_arn: str) -> dict:
+    sfn = boto3.client("stepfunctions", region_name=h.REGION)
+    for e in sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)["events"]:
+        d = e.get("taskScheduledEventDetails")
+        if d and d["resource"] == "createTrainingJob":
+            return json.loads(d["parameters"])
+    raise AssertionError("no CreateTrainingJob call")
+
+
+def test_metric_definitions_are_the_containers():
+    """CreateTrainingJob scrapes exactly the metric lines the container prints."""
+    from sluice.metrics import METRIC_DEFINITIONS
+
+    text = h.definition(h.substitutions(NotificationTopicArn="arn:aws:sns:us-east-1:1:t"))
+    spec = json.loads(text)["States"]["TrainingRequest"]["Parameters"]["AlgorithmSpecification"]
+    assert spec["MetricDefinitions"] == METRIC_DEFINITIONS
+
+
+def test_first_model_is_promoted_within_the_sanity_bound(world):
+    d = h.run(world["arn"], "first", {"reason": "manual"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    out = json.loads(d["output"])
+    job = out["trainingJob"]
+    assert out["outcome"] == "promoted" and out["decision"]["decision"] == "promote"
+    assert "first model" in out["decision"]["why"]
+    assert current_model() == job
+    assert h.calls(d["executionArn"]) == [
+        "ssm:getParameter", "sagemaker:createTrainingJob",
+        "sagemaker:describeTrainingJob", "sagemaker:describeTrainingJob",
+        "sagemaker:createModelPackage",
+        # deployment and edge branches interleave; check each below
+        *h.calls(d["executionArn"])[5:],
+    ]  # fmt: skip
+    made = h.calls(d["executionArn"])
+    deploy = [c for c in made if c.split(":")[-1] in {
+        "createModel", "createEndpointConfig", "describeEndpoint", "createEndpoint",
+        "updateEndpoint", "putParameter", "updateModelPackage", "registerScalableTarget",
+        "putScalingPolicy"}]  # fmt: skip
+    assert deploy == [
+        "sagemaker:createModel", "sagemaker:createEndpointConfig",
+        "sagemaker:describeEndpoint",  # none yet -> create
+        "sagemaker:createEndpoint", "sagemaker:describeEndpoint", "sagemaker:describeEndpoint",
+        "ssm:putParameter", "sagemaker:updateModelPackage",
+        "applicationautoscaling:registerScalableTarget", "applicationautoscaling:putScalingPolicy",
+    ]  # fmt: skip
+    assert "sagemaker:createCompilationJob" in made
+    # the first model trains without a baseline channel
+    request = training_request(d["executionArn"])
+    assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["train"]
+    assert request["EnableManagedSpotTraining"] is True
+    assert request["StoppingCondition"]["MaxWaitTimeInSeconds"] >= request[
+        "StoppingCondition"]["MaxRuntimeInSeconds"]  # fmt: skip
+    assert request["HyperParameters"]["artifacts_s3_uri"] == (
+        f"s3://{h.BUCKET}/models/{job}/artifacts/"
+    )
+    [pkg] = packages()
+    assert pkg["ModelApprovalStatus"] == "Approved"
+    assert pkg["CustomerMetadataProperties"]["decision"] == "promote"
+    endpoint = sm().describe_endpoint(EndpointName=h.ENDPOINT)
+    assert endpoint["EndpointConfigName"] == job
+    config = sm().describe_endpoint_config(EndpointConfigName=job)
+    assert config["DataCaptureConfig"]["DestinationS3Uri"] == f"s3://{h.BUCKET}/capture/endpoint/"
+    assert out["edge"]["status"] == "COMPLETED"
+    [note] = h.notifications(world)
+    assert note["outcome"] == "promoted" and note["model"] == job
+
+
+def test_challenger_that_beats_the_champion_is_swapped_in_blue_green(world):
+    install_champion(world)
+    world["sim"].metrics = {"gate_challenger": 30.0, "gate_baseline": 40.0,
+                            "gate_improvement": 0.25}  # fmt: skip
+    doc = {"reason": "new-data", "trainingData": f"s3://{h.BUCKET}/training/",
+           "validationData": f"s3://{h.BUCKET}/validation/",
+           "hyperparameters": {"max_steps": "500"}}  # fmt: skip
+    d = h.run(world["arn"], "better", doc)
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    out = json.loads(d["output"])
+    assert out["outcome"] == "promoted" and out["decision"]["improvement"] == 0.25
+    assert out["champion"] == CHAMPION and out["trigger"] == "new-data"
+    request = training_request(d["executionArn"])
+    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
+                for c in request["InputDataConfig"]}  # fmt: skip
+    # the champion's artifacts ride along so both are scored on the same held-out records
+    assert channels == {
+        "train": f"s3://{h.BUCKET}/training/",
+        "validation": f"s3://{h.BUCKET}/validation/",
+        "baseline": CHAMPION_DATA,
+    }
+    assert request["HyperParameters"]["max_steps"] == "500"
+    [update] = world["sim"].updates
+    policy = update["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    assert policy["TrafficRoutingConfiguration"]["Type"] == "CANARY"
+    assert policy["TrafficRoutingConfiguration"]["CanarySize"] == {
+        "Type": "CAPACITY_PERCENT",
+        "Value": 10,
+    }
+    assert {
+        a["AlarmName"] for a in update["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]
+    } == {"sluice-test-endpoint-5xx", "sluice-test-endpoint-latency"}
+    assert update["RetainAllVariantProperties"] is True
+    assert current_model() == out["trainingJob"]
+    assert sm().describe_endpoint(EndpointName=h.ENDPOINT)["EndpointConfigName"] == out[
+        "trainingJob"]  # fmt: skip
+
+
+def test_challenger_that_does_not_beat_the_margin_is_recorded_and_rejected(world):
+    install_champion(world)
+    world["sim"].metrics = {"gate_challenger": 39.9, "gate_baseline": 40.0,
+                            "gate_improvement": 0.0025}  # fmt: skip
+    d = h.run(world["arn"], "worse", {"reason": "schedule"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    out = json.loads(d["output"])
+    assert out["outcome"] == "rejected" and "< margin 0.01" in out["decision"]["why"]
+    made = h.calls(d["executionArn"])
+    assert not {"sagemaker:createModel", "sagemaker:updateEndpoint", "ssm:putParameter"} & set(made)
+    assert current_model() == CHAMPION
+    [pkg] = packages()
+    assert pkg["ModelApprovalStatus"] == "Rejected"
+    assert pkg["CustomerMetadataProperties"]["improvement"] == "0.0025"
+    [note] = h.notifications(world)
+    assert note["outcome"] == "rejected" and note["trigger"] == "schedule"
+
+
+def test_first_model_outside_the_sanity_bound_is_rejected(world):
+    world["sim"].metrics = {"gate_challenger": 5000.0}
+    d = h.run(world["arn"], "hopeless", {})
+    out = json.loads(d["output"])
+    assert d["status"] == "SUCCEEDED" and out["outcome"] == "rejected"
+    assert current_model() == "none"
+
+
+def test_training_failure_is_reported_and_changes_nothing(world):
+    install_champion(world)
+    world["sim"].training = "Failed"
+    d = h.run(world["arn"], "oom", {"reason": "drift", "violations": [{"feature_name": "tokens"}]})
+    assert d["status"] == "FAILED"
+    assert d["error"] == "TrainingFailed" and "CUDA out of memory" in d["cause"]
+    assert current_model() == CHAMPION
+    assert packages() == []
+    [note] = h.notifications(world)
+    assert note["outcome"] == "failed" and note["trigger"] == "drift"
+    assert note["violations"] == [{"feature_name": "tokens"}]
+
+
+def test_missing_gate_metrics_fail_loudly(world):
+    world["sim"].metrics = {"train_loss": 2.0}
+    d = h.run(world["arn"], "nofigures", {})
+    assert d["status"] == "FAILED" and d["error"] == "NoGateFigures"
+    assert current_model() == "none"
+
+
+def test_rollback_leaves_batch_on_the_champion(world):
+    install_champion(world)
+    world["sim"].metrics = {"gate_challenger": 30.0, "gate_baseline": 40.0,
+                            "gate_improvement": 0.25}  # fmt: skip
+    world["sim"].deployment = "RolledBack"
+    d = h.run(world["arn"], "rollback", {})
+    assert d["status"] == "FAILED" and d["error"] == "EndpointRolledBack", d
+    assert "still serves sluice-test-champion" in d["cause"]
+    assert current_model() == CHAMPION
+    [pkg] = packages()
+    assert pkg["ModelApprovalStatus"] == "Rejected"
+    [note] = h.notifications(world)
+    assert note["outcome"] == "failed" and note["error"] == "EndpointRolledBack"
+
+
+def test_neo_failure_does_not_block_promotion(world):
+    world["sim"].compilation = "FAILED"
+    d = h.run(world["arn"], "neo", {})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    out = json.loads(d["output"])
+    assert out["outcome"] == "promoted" and current_model() == out["trainingJob"]
+    assert out["edge"]["status"] == "FAILED" and "TVM" in out["edge"]["reason"]
+    assert out["edge"]["onnx"].endswith("/artifacts/edge/model.onnx")
+
+
+def test_training_that_never_finishes_is_stopped_and_reported(world):
+    world["sim"].training = "InProgress"
+    d = h.run(world["arn"], "slow", {})
+    assert d["status"] == "FAILED" and d["error"] == "TrainingTimedOut"
+    made = h.calls(d["executionArn"])
+    assert made.count("sagemaker:describeTrainingJob") == 6
+    assert "sagemaker:stopTrainingJob" in made
+    assert current_model() == "none"

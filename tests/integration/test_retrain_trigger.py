@@ -1,0 +1,169 @@
+"""retrain_trigger with moto: debounced new data, the no-concurrent-retrain guard, nothing lost."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from tests.helpers import LambdaContext as Context
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+BUCKET = "sluice-dev-data"
+TABLE = "retrain-triggers"
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    env = {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
+           "STAGE": "dev", "DATA_BUCKET": BUCKET, "RETRAIN_TABLE": TABLE,
+           "RETRAIN_MIN_OBJECTS": "10", "RETRAIN_MIN_BYTES": "1000000",
+           "RETRAIN_QUIET_SECONDS": "600"}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        from sluice_functions.aws import client
+
+        client.cache_clear()
+        boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
+        boto3.client("dynamodb", region_name=REGION).create_table(
+            TableName=TABLE, BillingMode="PAY_PER_REQUEST",
+            AttributeDefinitions=[{"AttributeName": "trigger", "AttributeType": "S"}],
+            KeySchema=[{"AttributeName": "trigger", "KeyType": "HASH"}],
+        )  # fmt: skip
+        sfn = boto3.client("stepfunctions", region_name=REGION)
+        arn = sfn.create_state_machine(
+            name="sluice-dev-retrain", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r",
+            definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}),
+        )["stateMachineArn"]  # fmt: skip
+        monkeypatch.setenv("STATE_MACHINE_ARN", arn)
+        clock = {"now": 1_800_000_000}
+        from sluice_functions import retrain_trigger
+
+        monkeypatch.setattr(retrain_trigger.time, "time", lambda: clock["now"])
+        yield {"sfn": sfn, "arn": arn, "clock": clock, "handler": retrain_trigger.handler}
+
+
+def uploads(start: int, n: int, size: int = 1000, prefix: str = "training/") -> dict:
+    """An SQS batch as Lambda delivers it: one S3 notification per message."""
+    records = []
+    for i in range(start, start + n):
+        body = {
+            "Records": [
+                {
+                    "eventName": "ObjectCreated:Put",
+                    "eventSource": "aws:s3",
+                    "s3": {
+                        "bucket": {"name": BUCKET},
+                        "object": {"key": f"{prefix}part-{i}.txt", "size": size, "eTag": f"e{i}"},
+                    },
+                }
+            ]
+        }
+        records.append(
+            {
+                "messageId": f"m{i}",
+                "receiptHandle": "r",
+                "body": json.dumps(body),
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "messageAttributes": {},
+                "eventSource": "aws:sqs",
+                "awsRegion": REGION,
+                "eventSourceARN": f"arn:aws:sqs:{REGION}:{ACCOUNT}:training",
+            }
+        )
+    return {"Records": records}  # fmt: skip
+
+
+def executions(aws) -> list[dict]:
+    return aws["sfn"].list_executions(stateMachineArn=aws["arn"])["executions"]
+
+
+def execution_input(aws, ex: dict) -> dict:
+    return json.loads(aws["sfn"].describe_execution(executionArn=ex["executionArn"])["input"])
+
+
+def test_a_bulk_upload_starts_one_retrain(aws):
+    handler = aws["handler"]
+    assert handler(uploads(0, 4), Context())["outcome"] == "waiting"
+    assert executions(aws) == []
+    aws["clock"]["now"] += 30
+    out = handler(uploads(4, 8), Context())  # 12 new objects >= 10
+    assert out["outcome"] == "started" and "12 new objects" in out["why"]
+    # the rest of the bulk upload arrives while the first retrain runs: recorded, deferred
+    for start in range(12, 500, 100):
+        assert handler(uploads(start, 100), Context())["outcome"] == "deferred"
+    [ex] = executions(aws)
+    assert ex["name"] == "new-data-20270115T080000Z"
+    doc = execution_input(aws, ex)
+    assert doc["reason"] == "new-data" and doc["newObjects"] == 12
+    assert doc["trainingData"] == f"s3://{BUCKET}/training/" and "validationData" not in doc
+
+
+def test_a_trigger_during_a_retrain_is_started_after_it(aws):
+    handler = aws["handler"]
+    handler(uploads(0, 10), Context())
+    [first] = executions(aws)
+    aws["clock"]["now"] += 60
+    assert handler({"action": "manual", "hyperparameters": {"max_steps": 100}},
+                   Context())["outcome"] == "deferred"  # fmt: skip
+    aws["clock"]["now"] += 300
+    assert handler({"action": "sweep"}, Context())["outcome"] == "deferred"
+    aws["sfn"].stop_execution(executionArn=first["executionArn"])
+    out = handler({"action": "sweep"}, Context())
+    assert out["outcome"] == "started" and out["execution"].startswith("manual-")
+    second = next(e for e in executions(aws) if e["name"] == out["execution"])
+    doc = execution_input(aws, second)
+    assert doc["reason"] == "manual" and doc["hyperparameters"] == {"max_steps": "100"}
+    assert handler({"action": "sweep"}, Context())["outcome"] == "idle"
+
+
+def test_a_few_files_start_a_retrain_once_uploads_go_quiet(aws):
+    handler = aws["handler"]
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=BUCKET, Key="validation/held-out.txt", Body=b"held out\n"
+    )
+    handler(uploads(0, 2), Context())
+    aws["clock"]["now"] += 599
+    assert handler({"action": "sweep"}, Context())["outcome"] == "waiting"
+    aws["clock"]["now"] += 1
+    out = handler({"action": "sweep"}, Context())
+    assert out["outcome"] == "started" and "quiet for 600 s" in out["why"]
+    [ex] = executions(aws)
+    assert execution_input(aws, ex)["validationData"] == f"s3://{BUCKET}/validation/"
+
+
+def test_a_window_starts_one_execution_even_if_started_twice(aws, monkeypatch):
+    """A crash after StartExecution, before the record is cleared: the retry reuses the name."""
+    from sluice_functions import retrain_trigger
+
+    handler = aws["handler"]
+    consume = retrain_trigger.consume
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("function timed out")
+
+    monkeypatch.setattr(retrain_trigger, "consume", crash)
+    with pytest.raises(RuntimeError):
+        handler({"action": "schedule"}, Context())
+    [ex] = executions(aws)
+    aws["sfn"].stop_execution(executionArn=ex["executionArn"])  # not running: the guard passes
+    monkeypatch.setattr(retrain_trigger, "consume", consume)
+    out = handler({"action": "sweep"}, Context())
+    assert out["outcome"] == "started" and out["execution"] == ex["name"]
+    assert len(executions(aws)) == 1
+    assert handler({"action": "sweep"}, Context())["outcome"] == "idle"
+
+
+def test_malformed_and_irrelevant_messages_are_acknowledged(aws):
+    handler = aws["handler"]
+    bad = uploads(0, 1)
+    bad["Records"][0]["body"] = "not json"
+    assert handler(bad, Context())["outcome"] == "idle"
+    assert handler(uploads(0, 3, prefix="incoming/"), Context())["outcome"] == "idle"
+    assert handler({"detail-type": "something else"}, Context())["outcome"] == "ignored"
+    assert executions(aws) == []

@@ -1,0 +1,272 @@
+"""Run statemachine/retrain.asl.json, unchanged, in moto's Step Functions interpreter.
+
+moto answers SageMaker at once (every job Completed, every endpoint InService) and lacks
+UpdateEndpoint. `SimulatedSageMaker` plays the service's part: jobs go InProgress -> an outcome
+after a few polls, training reports the metrics its container would log, UpdateEndpoint exists
+and can be rolled back. It changes the simulated service only; the definition runs as deployed,
+with the template's own DefinitionSubstitutions (deployment-specific values filled in).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+
+REPO = Path(__file__).resolve().parents[1]
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+STAGE = "test"
+BUCKET = "sluice-test-data"
+PARAM = "/sluice/test/current-model"
+ENDPOINT = f"sluice-{STAGE}"
+GROUP = f"sluice-{STAGE}"
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/sluice-test-sagemaker"
+
+
+def _static_checks():
+    spec = importlib.util.spec_from_file_location(
+        "static_checks", REPO / "scripts/static_checks.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def substitutions(**overrides) -> dict:
+    """The template's DefinitionSubstitutions on its defaults, with this test deployment's names."""
+    checks = _static_checks()
+    subs = checks.state_machines(checks.load_template(REPO / "template.yaml"), REPO)[
+        (REPO / "statemachine/retrain.asl.json").resolve()
+    ]
+    subs.update(
+        Stage=STAGE, DataBucket=BUCKET, CurrentModelParameter=PARAM, ModelPackageGroup=GROUP,
+        EndpointName=ENDPOINT, SageMakerRoleArn=ROLE,
+        ImageUri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1",
+        DataKeyArn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/test",
+        ErrorsAlarm="sluice-test-endpoint-5xx",
+        LatencyAlarm="sluice-test-endpoint-latency", PollSeconds=0, TrainingMaxPolls=6,
+        EndpointMaxPolls=6, CompileMaxPolls=6,
+        # moto checks instance types against an older list than SageMaker's (no g5)
+        EndpointInstanceType="ml.g4dn.xlarge",
+    )  # fmt: skip
+    subs.update(overrides)
+    return subs
+
+
+def definition(subs: dict) -> str:
+    checks = _static_checks()
+    text, missing = checks.substitute((REPO / "statemachine/retrain.asl.json").read_text(), subs)
+    assert not missing, missing
+    return text
+
+
+@dataclass
+class SimulatedSageMaker:
+    """Outcomes the next jobs and deployments reach, and after how many polls."""
+
+    training: str = "Completed"  # Completed | Failed | InProgress (never finishes)
+    metrics: dict = field(default_factory=lambda: {"gate_challenger": 40.0})
+    training_failure: str = "AlgorithmError: CUDA out of memory"
+    deployment: str = "InService"  # InService | RolledBack | Failed
+    compilation: str = "COMPLETED"  # COMPLETED | FAILED
+    polls: int = 2
+    updates: list = field(default_factory=list)  # UpdateEndpoint requests, as sent
+    _seen: dict = field(default_factory=dict)
+
+    def install(self, monkeypatch) -> None:
+        from moto.sagemaker.models import SageMakerModelBackend
+        from moto.sagemaker.responses import SageMakerResponse
+        from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+            state_task_service,
+        )
+
+        sim = self
+        # moto's interpreter knows boto's name, not the one Step Functions uses in aws-sdk ARNs
+        names = dict(state_task_service.StateTaskService._SERVICE_NAME_SFN_TO_BOTO_OVERRIDES)
+        names["applicationautoscaling"] = "application-autoscaling"
+        monkeypatch.setattr(
+            state_task_service.StateTaskService, "_SERVICE_NAME_SFN_TO_BOTO_OVERRIDES", names
+        )
+
+        create_training = SageMakerModelBackend.create_training_job
+        describe_training = SageMakerModelBackend.describe_training_job
+
+        def create_training_job(backend, *args, **kwargs):
+            job = create_training(backend, *args, **kwargs)
+            job.training_job_status, job.secondary_status = "InProgress", "Training"
+            job.final_metric_data_list = []
+            return job
+
+        def describe_training_job(backend, name):
+            job = backend.training_jobs[name]
+            if sim._tick(("training", name)) and job.training_job_status == "InProgress":
+                if sim.training == "Completed":
+                    job.training_job_status = job.secondary_status = "Completed"
+                    job.final_metric_data_list = [
+                        {"MetricName": k, "Value": float(v), "Timestamp": job.creation_time}
+                        for k, v in sim.metrics.items()
+                    ]
+                elif sim.training == "Failed":
+                    job.training_job_status = job.secondary_status = "Failed"
+                    job.failure_reason = sim.training_failure
+            return describe_training(backend, name)
+
+        create_endpoint = SageMakerModelBackend.create_endpoint
+        describe_endpoint = SageMakerModelBackend.describe_endpoint
+
+        def create_endpoint_(backend, endpoint_name, endpoint_config_name, tags):
+            ep = create_endpoint(backend, endpoint_name, endpoint_config_name, tags)
+            ep.endpoint_status = "Creating"
+            ep._target = endpoint_config_name
+            return ep
+
+        def update_endpoint(backend, endpoint_name, endpoint_config_name, request):
+            ep = backend.endpoints[endpoint_name]
+            backend.describe_endpoint_config(endpoint_config_name)  # must exist
+            sim.updates.append(request)
+            ep.endpoint_status, ep._target = "Updating", endpoint_config_name
+            sim._seen.pop(("endpoint", endpoint_name), None)
+            return ep
+
+        def describe_endpoint_(backend, endpoint_name):
+            ep = backend.endpoints.get(endpoint_name)
+            target = getattr(ep, "_target", None)
+            if ep is not None and target and sim._tick(("endpoint", endpoint_name)):
+                ep._target = None
+                if sim.deployment == "Failed":
+                    ep.endpoint_status, ep.failure_reason = "Failed", "container failed /ping"
+                elif sim.deployment == "RolledBack" and ep.endpoint_status == "Updating":
+                    ep.endpoint_status = "InService"
+                    ep.failure_reason = "alarm sluice-test-endpoint-5xx went off during baking"
+                else:
+                    ep.endpoint_status, ep.endpoint_config_name = "InService", target
+            return describe_endpoint(backend, endpoint_name)
+
+        def update_endpoint_response(response):
+            ep = response.sagemaker_backend.update_endpoint(
+                response._get_param("EndpointName"), response._get_param("EndpointConfigName"),
+                json.loads(response.body),
+            )  # fmt: skip
+            return json.dumps({"EndpointArn": ep.arn})
+
+        create_compilation = SageMakerModelBackend.create_compilation_job
+
+        def create_compilation_job(backend, compilation_job_name, *args, **kwargs):
+            arn = create_compilation(backend, compilation_job_name, *args, **kwargs)
+            job = backend.compilation_jobs[compilation_job_name]
+            if sim.compilation == "FAILED":
+                job.compilation_job_status = "FAILED"
+                job.failure_reason = "ClientError: TVM could not lower aten::scaled_dot_product"
+            return arn
+
+        update_package = SageMakerModelBackend.update_model_package
+
+        def update_model_package(backend, **kwargs):
+            # moto drops the metadata an update does not mention; SageMaker keeps it
+            arn = kwargs["model_package_arn"]
+            name = backend.model_package_name_mapping.get(arn, arn)
+            kept = backend.model_packages[name].customer_metadata_properties
+            kwargs["customer_metadata_properties"] = kwargs["customer_metadata_properties"] or kept
+            return update_package(backend, **kwargs)
+
+        for name, fn in {
+            "update_model_package": update_model_package,
+            "create_training_job": create_training_job,
+            "describe_training_job": describe_training_job,
+            "create_endpoint": create_endpoint_,
+            "describe_endpoint": describe_endpoint_,
+            "update_endpoint": update_endpoint,
+            "create_compilation_job": create_compilation_job,
+        }.items():
+            monkeypatch.setattr(SageMakerModelBackend, name, fn, raising=False)
+        monkeypatch.setattr(SageMakerResponse, "update_endpoint", update_endpoint_response,
+                            raising=False)  # fmt: skip
+
+    def _tick(self, key) -> bool:
+        """Count one poll; True once this job has been polled enough to reach its outcome."""
+        self._seen[key] = self._seen.get(key, 0) + 1
+        return self._seen[key] >= self.polls
+
+
+def create_world(sns_queue: bool = True) -> dict:
+    """The resources the template would create that the state machine touches."""
+    s3 = boto3.client("s3", region_name=REGION)
+    s3.create_bucket(Bucket=BUCKET)
+    boto3.client("ssm", region_name=REGION).put_parameter(Name=PARAM, Value="none", Type="String")
+    boto3.client("sagemaker", region_name=REGION).create_model_package_group(
+        ModelPackageGroupName=GROUP
+    )
+    sns = boto3.client("sns", region_name=REGION)
+    topic = sns.create_topic(Name="sluice-test-notifications")["TopicArn"]
+    world = {"topic": topic}
+    if sns_queue:
+        sqs = boto3.client("sqs", region_name=REGION)
+        url = sqs.create_queue(QueueName="notifications")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn,
+                      Attributes={"RawMessageDelivery": "true"})  # fmt: skip
+        world["queue"] = url
+    return world
+
+
+def create_state_machine(world: dict, **overrides) -> str:
+    subs = substitutions(NotificationTopicArn=world["topic"], **overrides)
+    return boto3.client("stepfunctions", region_name=REGION).create_state_machine(
+        name=f"sluice-{STAGE}-retrain", definition=definition(subs),
+        roleArn=f"arn:aws:iam::{ACCOUNT}:role/sluice-test-retrain",
+    )["stateMachineArn"]  # fmt: skip
+
+
+def run(arn: str, name: str, doc: dict, timeout_s: float = 60) -> dict:
+    """Start an execution and wait for it to end; return describe_execution's answer."""
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    ex = sfn.start_execution(stateMachineArn=arn, name=name, input=json.dumps(doc))["executionArn"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        d = sfn.describe_execution(executionArn=ex)
+        if d["status"] != "RUNNING":
+            return d
+        time.sleep(0.1)
+    raise AssertionError(f"execution {name} still running after {timeout_s} s")
+
+
+def calls(execution_arn: str) -> list[str]:
+    """The service calls the execution made, in order (from its own history)."""
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    events = sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)["events"]
+    out = []
+    for e in events:
+        d = e.get("taskScheduledEventDetails")
+        if d:
+            service = d["resourceType"].removeprefix("aws-sdk:")
+            out.append(f"{service}:{d['resource']}")
+    return out
+
+
+def notifications(world: dict) -> list[dict]:
+    sqs = boto3.client("sqs", region_name=REGION)
+    out = []
+    while True:
+        msgs = sqs.receive_message(QueueUrl=world["queue"], MaxNumberOfMessages=10).get(
+            "Messages", []
+        )
+        if not msgs:
+            return out
+        out += [json.loads(m["Body"]) for m in msgs]
+
+
+def explain(d: dict) -> str:
+    """An execution's end for assertion messages: status, error, cause, states it went through."""
+    sfn = boto3.client("stepfunctions", region_name=REGION)
+    events = sfn.get_execution_history(executionArn=d["executionArn"], maxResults=1000)["events"]
+    states = [
+        e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e
+    ]
+    return f"{d['status']} {d.get('error')}: {d.get('cause')}\nstates: {' > '.join(states)}"
