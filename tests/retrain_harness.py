@@ -216,10 +216,10 @@ def create_world(sns_queue: bool = True) -> dict:
     return world
 
 
-def create_state_machine(world: dict, **overrides) -> str:
+def create_state_machine(world: dict, name: str = f"sluice-{STAGE}-retrain", **overrides) -> str:
     subs = substitutions(NotificationTopicArn=world["topic"], **overrides)
     return boto3.client("stepfunctions", region_name=REGION).create_state_machine(
-        name=f"sluice-{STAGE}-retrain", definition=definition(subs),
+        name=name, definition=definition(subs),
         roleArn=f"arn:aws:iam::{ACCOUNT}:role/sluice-test-retrain",
     )["stateMachineArn"]  # fmt: skip
 

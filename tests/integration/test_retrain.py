@@ -248,3 +248,19 @@ def test_training_that_never_finishes_is_stopped_and_reported(world):
     assert made.count("sagemaker:describeTrainingJob") == 6
     assert "sagemaker:stopTrainingJob" in made
     assert current_model() == "none"
+
+
+def test_vpc_and_on_demand_deployments_get_their_own_requests(world):
+    """The template's other branches: VpcConfig on jobs and models, spot off (no MaxWait)."""
+    vpc = {"Subnets": ["subnet-1", "subnet-2"], "SecurityGroupIds": ["sg-1"]}
+    arn = h.create_state_machine(
+        world, name="sluice-test-retrain-vpc", VpcConfig=json.dumps({"VpcConfig": vpc}),
+        UseSpot="false", TrainingStoppingCondition='{"MaxRuntimeInSeconds": 3600}',
+    )  # fmt: skip
+    d = h.run(arn, "vpc", {})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    job = json.loads(d["output"])["trainingJob"]
+    request = training_request(d["executionArn"])
+    assert request["VpcConfig"] == vpc and request["EnableManagedSpotTraining"] is False
+    assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
+    assert sm().describe_model(ModelName=job)["VpcConfig"] == vpc
