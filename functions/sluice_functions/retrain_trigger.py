@@ -3,7 +3,8 @@
 Events: SQS batches of S3 events under training/ (new data), a sweep every few minutes from
 EventBridge Scheduler (starts what is due: debounced uploads, triggers deferred by a running
 retrain), the optional retraining schedule, and manual requests
-(`aws lambda invoke --payload '{"action": "manual"}'`). Each adds to one pending record in DynamoDB
+(`aws lambda invoke --payload '{"action": "manual"}'`), and finished monitoring jobs (drift, see
+drift.py). Each adds to one pending record in DynamoDB
 (atomic counters, so concurrent invocations lose nothing); a retrain starts when the record is due
 (see retrain.due) and no execution is running, under a name derived from its trigger window, so two
 invocations racing over one window start one execution.
@@ -23,6 +24,8 @@ from botocore.exceptions import ClientError
 
 from .aws import client, error_code
 from .batching import Parsed, Settings, dedupe, parse_message
+from .drift import outcome as monitor_outcome
+from .reports import split_uri
 from .retrain import Pending, TriggerSettings, due, execution_input, execution_name
 
 logger = Logger(service="sluice-retrain-trigger")
@@ -173,6 +176,38 @@ def record_uploads(event: SQSEvent, env: dict[str, str], now: int) -> int:
     return len(uploads)
 
 
+def read_s3(uri: str) -> bytes:
+    bucket, key = split_uri(uri)
+    return client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def notify(env: dict[str, str], subject: str, doc: dict) -> None:
+    topic = env.get("TOPIC_ARN")
+    if topic:
+        client("sns").publish(TopicArn=topic, Subject=subject[:100], Message=json.dumps(doc))
+
+
+def record_monitoring(detail: dict, env: dict[str, str], now: int) -> dict:
+    """A monitoring job finished: drift adds a `drift` trigger; a broken monitor is reported."""
+    result = monitor_outcome(detail, read_s3)
+    doc = {"job": result.job, "outcome": result.kind, "reason": result.reason}
+    if result.kind == "monitoring-failed":
+        logger.error("monitoring failed: not treated as drift", extra=doc)
+        metrics.add_metric("MonitoringFailures", MetricUnit.Count, 1)
+        notify(env, f"Sluice {env.get('STAGE', '')}: monitoring failed", doc)
+        return doc
+    metrics.add_metric("DriftViolations", MetricUnit.Count, len(result.violations))
+    if result.kind == "no-drift":
+        logger.info("no drift", extra=doc)
+        return doc
+    logger.warning("drift: retrain requested", extra={**doc, "violations": result.violations})
+    add(env["RETRAIN_TABLE"], "drift", now=now, violations=result.violations)
+    started = process(env, now)
+    notify(env, f"Sluice {env.get('STAGE', '')}: drift detected",
+           {**doc, "violations": result.violations, "retrain": started})  # fmt: skip
+    return {**doc, "retrain": started}
+
+
 @metrics.log_metrics
 @logger.inject_lambda_context
 def handler(event: dict, context: LambdaContext) -> dict:
@@ -188,6 +223,8 @@ def handler(event: dict, context: LambdaContext) -> dict:
             # starts the retrain instead
             logger.error("could not start a retrain; the sweep will", extra={"error": str(e)})
             return {"outcome": "error", "error": error_code(e)}
+    elif event.get("detail-type") == "SageMaker Processing Job State Change":
+        return record_monitoring(event.get("detail") or {}, env, now)
     else:
         action = event.get("action")
         if action in ("schedule", "manual"):

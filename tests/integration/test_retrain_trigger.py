@@ -167,3 +167,92 @@ def test_malformed_and_irrelevant_messages_are_acknowledged(aws):
     assert handler(uploads(0, 3, prefix="incoming/"), Context())["outcome"] == "idle"
     assert handler({"detail-type": "something else"}, Context())["outcome"] == "ignored"
     assert executions(aws) == []
+
+
+VIOLATIONS = {"violations": [
+    {"feature_name": "token_distribution", "constraint_check_type": "baseline_drift_check",
+     "description": "distance: 0.41 exceeds threshold: 0.1"},
+    {"feature_name": "script_mix", "constraint_check_type": "baseline_drift_check",
+     "description": "distance: 0.93 exceeds threshold: 0.2"}]}  # fmt: skip
+
+
+def monitor_event(job: str, status: str = "Completed", **detail) -> dict:
+    """EventBridge's `SageMaker Processing Job State Change` for a monitor job."""
+    return {"source": "aws.sagemaker", "detail-type": "SageMaker Processing Job State Change",
+            "detail": {"ProcessingJobName": job, "ProcessingJobStatus": status,
+                       "ProcessingOutputConfig": {"Outputs": [{"OutputName": "monitoring",
+                           "S3Output": {"S3Uri": f"s3://{BUCKET}/monitoring/{job}/output",
+                                        "LocalPath": "/opt/ml/processing/output",
+                                        "S3UploadMode": "EndOfJob"}}]}, **detail}}  # fmt: skip
+
+
+@pytest.fixture
+def topic(aws, monkeypatch):
+    sns = boto3.client("sns", region_name=REGION)
+    sqs = boto3.client("sqs", region_name=REGION)
+    arn = sns.create_topic(Name="notifications")["TopicArn"]
+    url = sqs.create_queue(QueueName="notes")["QueueUrl"]
+    qarn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"]  # fmt: skip
+    sns.subscribe(TopicArn=arn, Protocol="sqs", Endpoint=qarn,
+                  Attributes={"RawMessageDelivery": "true"})  # fmt: skip
+    monkeypatch.setenv("TOPIC_ARN", arn)
+
+    def read() -> list[dict]:
+        msgs = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])
+        return [json.loads(m["Body"]) for m in msgs]
+
+    return read
+
+
+def put_output(job: str, body: bytes) -> None:
+    boto3.client("s3", region_name=REGION).put_object(
+        Bucket=BUCKET, Key=f"monitoring/{job}/output/constraint_violations.json", Body=body
+    )
+
+
+def test_drift_starts_one_retrain_with_its_violations(aws, topic):
+    handler = aws["handler"]
+    put_output("sluice-dev-monitor-1", json.dumps(VIOLATIONS).encode())
+    out = handler(monitor_event("sluice-dev-monitor-1"), Context())
+    assert out["outcome"] == "drift" and out["retrain"]["outcome"] == "started"
+    [ex] = executions(aws)
+    doc = execution_input(aws, ex)
+    assert ex["name"].startswith("drift-") and doc["reason"] == "drift"
+    assert [v["feature_name"] for v in doc["violations"]] == ["token_distribution", "script_mix"]
+    # the next window reports drift again while that retrain runs: no second execution
+    put_output("sluice-dev-monitor-2", json.dumps(VIOLATIONS).encode())
+    aws["clock"]["now"] += 3600
+    again = handler(monitor_event("sluice-dev-monitor-2"), Context())
+    assert again["retrain"]["outcome"] == "deferred"
+    assert len(executions(aws)) == 1
+    notes = topic()
+    assert [n["outcome"] for n in notes] == ["drift", "drift"]
+
+
+def test_no_violations_start_nothing(aws, topic):
+    put_output("sluice-dev-monitor-1", b'{"violations": []}')
+    out = aws["handler"](monitor_event("sluice-dev-monitor-1"), Context())
+    assert out["outcome"] == "no-drift"
+    assert executions(aws) == [] and topic() == []
+
+
+@pytest.mark.parametrize("body, status, expected", [
+    (None, "Completed", "cannot read"),
+    (b"{not json", "Completed", "malformed"),
+    (b'{"violations": [{"description": "x"}]}', "Completed", "malformed"),
+    (json.dumps(VIOLATIONS).encode(), "Failed", "job Failed"),
+])  # fmt: skip
+def test_broken_monitor_outputs_are_a_monitoring_failure_not_drift(
+    aws, topic, body, status, expected
+):
+    if body is not None:
+        put_output("sluice-dev-monitor-1", body)
+    out = aws["handler"](
+        monitor_event("sluice-dev-monitor-1", status, FailureReason="ClientError: no capture"),
+        Context(),
+    )
+    assert out["outcome"] == "monitoring-failed" and expected in out["reason"]
+    assert executions(aws) == []
+    [note] = topic()
+    assert note["outcome"] == "monitoring-failed"
