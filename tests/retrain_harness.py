@@ -13,6 +13,7 @@ import importlib.util
 import json
 import time
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import boto3
@@ -28,6 +29,7 @@ GROUP = f"sluice-{STAGE}"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/sluice-test-sagemaker"
 
 
+@cache
 def _static_checks():
     spec = importlib.util.spec_from_file_location(
         "static_checks", REPO / "scripts/static_checks.py"
