@@ -146,6 +146,36 @@ def cmd_transform(args: argparse.Namespace, argv: list[str]) -> int:
     return 0 if summary["TransformJobStatus"] == "Completed" else 1
 
 
+def cmd_monitor(args: argparse.Namespace, argv: list[str]) -> int:
+    from . import monitor
+
+    if args.mode is None:  # a Model Monitor / Processing job: everything comes from the env
+        message = Path(os.environ.get("SLUICE_MESSAGE_FILE", "/opt/ml/output/message"))
+        try:
+            monitor.run_from_env()
+        except SluiceError as e:
+            write_failure(message, str(e))
+            raise
+        return 0
+    if not args.data or not args.model or not args.output:
+        raise SluiceError("sluice monitor baseline|run needs --data, --model and --output")
+    data, out = [Path(d) for d in args.data], Path(args.output)
+    if args.mode == "baseline":
+        stats = monitor.run_baseline(data, Path(args.model), out)
+        print(f"baseline of {stats['dataset']['item_count']} records written to {out}")
+        return 0
+    if not args.baseline:
+        raise SluiceError(
+            "sluice monitor run needs --baseline DIR (statistics.json, constraints.json)"
+        )
+    base = Path(args.baseline)
+    result = monitor.run_monitor(
+        data, base / "statistics.json", base / "constraints.json", Path(args.model), out,
+        metrics_dir=Path(args.metrics_dir) if args.metrics_dir else None,
+    )  # fmt: skip
+    return 2 if result["violations"] and args.fail_on_violations else 0
+
+
 def cmd_demo(args: argparse.Namespace, argv: list[str]) -> int:
     from .demo import run_demo
 
@@ -246,6 +276,23 @@ def build_parser() -> argparse.ArgumentParser:
                     help="environment for the serve process (e.g. SLUICE_TASK=score)")  # fmt: skip
     tr.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     tr.set_defaults(func=cmd_transform)
+
+    m = sub.add_parser(
+        "monitor",
+        help="drift statistics for text (baseline, or a window against it)",
+        description="baseline: statistics.json and constraints.json from training data. run: "
+        "compare a window (data capture files, JSON Lines or text) with a baseline and write "
+        "statistics.json, constraint_violations.json and report.md. With no mode, read Model "
+        "Monitor's environment (dataset_source, output_path, baseline_statistics, ...).",
+    )
+    m.add_argument("mode", nargs="?", choices=("baseline", "run"))
+    m.add_argument("--data", action="append", help="input folder or file (repeatable)")
+    m.add_argument("--model", help="model folder or model.tar.gz whose tokenizer measures tokens")
+    m.add_argument("--baseline", help="folder holding the baseline's statistics and constraints")
+    m.add_argument("--output", help="where the results go")
+    m.add_argument("--metrics-dir", help="also write CloudWatch metric lines here")
+    m.add_argument("--fail-on-violations", action="store_true", help="exit 2 on violations")
+    m.set_defaults(func=cmd_monitor)
 
     d = sub.add_parser(
         "demo",
