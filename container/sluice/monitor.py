@@ -504,12 +504,15 @@ def write_report(out: Path, result: dict, current: dict, plots: list[str]) -> Pa
 
 
 def load_tokenizer(model: Path, scratch: Path):
+    """The tokenizer of a model folder, a model.tar.gz, or a baseline's tokenizer/ folder."""
     from transformers import AutoTokenizer
 
     from .evaluate import tokenizer_fingerprint
     from .model import unpack_model_source
 
-    tok = AutoTokenizer.from_pretrained(str(unpack_model_source(model, scratch)))
+    is_tokenizer = model.is_dir() and (model / "tokenizer_config.json").exists()
+    source = model if is_tokenizer else unpack_model_source(model, scratch)
+    tok = AutoTokenizer.from_pretrained(str(source))
     return tok, tokenizer_fingerprint(tok)
 
 
@@ -524,6 +527,8 @@ def run_baseline(data: list[Path], model: Path, output: Path) -> dict:
     if not window.texts:
         raise SluiceError(f"no records in {', '.join(map(str, data))} to build a baseline from")
     stats = statistics(window, tok, fp, calibrate=True)
+    # the tokenizer travels with the baseline: monitor jobs then need no model archive
+    tok.save_pretrained(str(output / "tokenizer"))
     _write_json(output / "statistics.json", stats)
     _write_json(output / "constraints.json", suggest_constraints(stats))
     return stats
@@ -608,11 +613,35 @@ def run_monitor(data: list[Path], baseline_statistics: Path, baseline_constraint
     return {**result, "message": message}
 
 
+def fetch_prefix(uri: str, dest: Path) -> Path:
+    """Download the objects under an S3 prefix (a Model Monitor job mounts only its capture)."""
+    import boto3
+
+    from .transform import split_s3
+
+    bucket, prefix = split_s3(uri)
+    s3 = boto3.client("s3")
+    found = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            target = dest / obj["Key"][len(prefix) :].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, obj["Key"], str(target))
+            found += 1
+    if not found:
+        raise SluiceError(
+            f"no tokenizer under {uri}: rebuild the baseline (sluice monitor baseline)"
+        )
+    return dest
+
+
 def run_from_env(env: dict[str, str] | None = None) -> dict:
     """`sluice monitor` with no arguments: a Model Monitor or Processing job's entrypoint."""
     env = dict(os.environ if env is None else env)
     m = MonitorEnv.from_env(env)
-    model = Path(env.get("SLUICE_MODEL_DIR", "/opt/ml/processing/model"))
+    model = Path(env.get("SLUICE_MODEL_DIR", "/opt/ml/processing/baseline/tokenizer"))
+    if not model.exists() and env.get("SLUICE_TOKENIZER_S3_URI"):
+        model = fetch_prefix(env["SLUICE_TOKENIZER_S3_URI"], m.output_path / ".tokenizer")
     return run_monitor(
         [m.dataset_source], m.baseline_statistics, m.baseline_constraints, model, m.output_path,
         metrics_dir=m.metrics_dir if m.publish_metrics else None, endpoint=m.endpoint,

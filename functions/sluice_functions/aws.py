@@ -26,6 +26,17 @@ def error_code(e: ClientError) -> str:
     return e.response.get("Error", {}).get("Code", "")
 
 
+def sagemaker_resource_exists(describe: str, **name: str) -> bool:
+    """Whether a SageMaker job of that name exists (`describe` e.g. "describe_transform_job")."""
+    try:
+        getattr(client("sagemaker"), describe)(**name)
+        return True
+    except ClientError as e:
+        if error_code(e) in ("ValidationException", "ResourceNotFound"):
+            return False  # SageMaker's answer for an unknown name
+        raise
+
+
 def already_exists(e: ClientError) -> bool:
     """SageMaker's answer to a job name in use (a duplicate batch)."""
     msg = e.response.get("Error", {}).get("Message", "")

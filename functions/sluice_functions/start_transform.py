@@ -19,7 +19,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
 from . import claims
-from .aws import TRANSIENT, already_exists, client, error_code
+from .aws import TRANSIENT, already_exists, client, error_code, sagemaker_resource_exists
 from .batching import (
     Parsed,
     Settings,
@@ -95,13 +95,7 @@ def _create(settings: Settings, model: str, group: list[Upload], name: str) -> N
 
 
 def job_exists(name: str) -> bool:
-    try:
-        client("sagemaker").describe_transform_job(TransformJobName=name)
-        return True
-    except ClientError as e:
-        if error_code(e) in ("ValidationException", "ResourceNotFound"):
-            return False  # SageMaker's answer for an unknown job name
-        raise
+    return sagemaker_resource_exists("describe_transform_job", TransformJobName=name)
 
 
 def report_no_model(settings: Settings, uploads: list[Upload], reason: str) -> None:

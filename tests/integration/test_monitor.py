@@ -146,7 +146,7 @@ def test_byoc_entrypoint_reads_model_monitors_environment(baseline, trained, tmp
         "baseline_constraints": str(baseline / "constraints.json"),
         "publish_cloudwatch_metrics": "Enabled", "endpoint_name": "sluice-dev",
         "monitoring_schedule_name": "sluice-dev-drift", "start_time": "2026-12-02T10:00:00Z",
-        "end_time": "2026-12-02T11:00:00Z", "SLUICE_MODEL_DIR": str(trained["model"]),
+        "end_time": "2026-12-02T11:00:00Z", "SLUICE_MODEL_DIR": str(baseline / "tokenizer"),
         "SLUICE_METRICS_DIR": str(tmp_path / "metrics"),
         "SLUICE_MESSAGE_FILE": str(tmp_path / "message"),
     }  # fmt: skip

@@ -1,0 +1,148 @@
+"""start_monitor with moto: one Processing job per window over that window's capture; requests
+for both modes validated against botocore's SageMaker service model."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import UTC, datetime
+
+import boto3
+import pytest
+from botocore.validate import ParamValidator
+from moto import mock_aws
+
+from tests.helpers import LambdaContext as Context
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+BUCKET = "sluice-dev-data"
+PARAM = "/sluice/dev/current-model"
+MODEL = "sluice-dev-0123abcd"
+ENV = {
+    "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
+    "STAGE": "dev", "DATA_BUCKET": BUCKET, "MODEL_PARAMETER": PARAM,
+    "IMAGE_URI": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1",
+    "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm", "ENDPOINT_NAME": "sluice-dev",
+    "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k", "MONITORING_MODE": "Processing",
+}  # fmt: skip
+
+
+def validate(operation: str, request: dict) -> None:
+    """Check a request against the SageMaker service model botocore ships (shapes, enums,
+    required members, lengths): what moto cannot answer is still checked as AWS would."""
+    model = boto3.client("sagemaker", region_name=REGION).meta.service_model
+    report = ParamValidator().validate(request, model.operation_model(operation).input_shape)
+    assert not report.has_errors(), report.generate_report()
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    for k, v in ENV.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        from sluice_functions.aws import client
+
+        client.cache_clear()
+        s3 = boto3.client("s3", region_name=REGION)
+        s3.create_bucket(Bucket=BUCKET)
+        boto3.client("ssm", region_name=REGION).put_parameter(Name=PARAM, Value=MODEL,
+                                                              Type="String")  # fmt: skip
+        from sluice_functions import start_monitor
+
+        yield {"s3": s3, "handler": start_monitor.handler, "module": start_monitor}
+
+
+def put_baseline(s3) -> None:
+    for name in ("statistics.json", "constraints.json", "tokenizer/tokenizer.json"):
+        s3.put_object(Bucket=BUCKET, Key=f"monitoring/baseline/{MODEL}/{name}", Body=b"{}")
+
+
+def freeze(monkeypatch, module, when: datetime) -> None:
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return when
+
+    monkeypatch.setattr(module, "datetime", Frozen)
+
+
+def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatch):
+    s3 = aws["s3"]
+    put_baseline(s3)
+    # moto stamps objects with the real time: the window is the hour they are written in
+    now = datetime.now(UTC)
+    if now.minute == 59 and now.second > 50:
+        time.sleep(11)
+        now = datetime.now(UTC)
+    hour = f"{now:%Y/%m/%d/%H}"
+    keys = [f"capture/endpoint/sluice-dev/AllTraffic/{hour}/00-01-abc.jsonl",
+            f"capture/endpoint/sluice-dev/AllTraffic/{hour}/30-07-def.jsonl",
+            f"capture/batch/sluice-dev-job1/input/{hour}/part-0.jsonl"]  # fmt: skip
+    for k in keys:
+        s3.put_object(Bucket=BUCKET, Key=k, Body=b'{"captureData": {}}\n')
+    s3.put_object(Bucket=BUCKET, Key="capture/endpoint/sluice-dev/AllTraffic/2020/01/01/00/old",
+                  Body=b"{}")  # fmt: skip
+    # during the hour, the window that just ended holds none of them: no job
+    freeze(monkeypatch, aws["module"], now)
+    assert aws["handler"]({}, Context())["outcome"] == "empty"
+    # once the hour is over, its window holds all three
+    boundary = datetime.fromtimestamp(int(now.timestamp()) // 3600 * 3600 + 3600, UTC)
+    freeze(monkeypatch, aws["module"], boundary)
+    out = aws["handler"]({}, Context())
+    assert out["outcome"] == "started" and out["objects"] == 3
+    assert out["job"] == f"sluice-dev-monitor-{boundary.replace(hour=now.hour):%Y%m%d%H}00"
+    job = boto3.client("sagemaker", region_name=REGION).describe_processing_job(
+        ProcessingJobName=out["job"])  # fmt: skip
+    inputs = {i["InputName"]: i["S3Input"] for i in job["ProcessingInputs"]}
+    assert inputs["capture"]["S3DataType"] == "ManifestFile"
+    assert inputs["baseline"]["S3Uri"] == f"s3://{BUCKET}/monitoring/baseline/{MODEL}/"
+    assert job["AppSpecification"]["ContainerEntrypoint"] == ["sluice", "monitor"]
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"manifests/{out['job']}.json")[
+        "Body"].read())  # fmt: skip
+    prefix = manifest[0]["prefix"].removeprefix(f"s3://{BUCKET}/")
+    assert sorted(prefix + k for k in manifest[1:]) == sorted(keys)
+    # the output is where retrain_trigger looks for constraint_violations.json
+    [output] = job["ProcessingOutputConfig"]["Outputs"]
+    assert output["S3Output"]["S3Uri"] == f"s3://{BUCKET}/monitoring/{out['job']}/output"
+    # the schedule fires twice for one window: one job
+    assert aws["handler"]({}, Context())["outcome"] == "duplicate"
+
+
+def test_no_baseline_yet_is_reported_not_silently_skipped(aws):
+    out = aws["handler"]({}, Context())
+    assert out["outcome"] == "no-baseline"
+
+
+def test_no_champion_yet_starts_nothing(aws):
+    boto3.client("ssm", region_name=REGION).put_parameter(
+        Name=PARAM, Value="none", Type="String", Overwrite=True
+    )
+    assert aws["handler"]({}, Context())["outcome"] == "no-model"
+
+
+def test_requests_of_both_modes_match_the_sagemaker_api(monkeypatch):
+    for k, v in {**ENV, "SUBNET_IDS": "subnet-1,subnet-2", "SECURITY_GROUP_IDS": "sg-1"}.items():
+        monkeypatch.setenv(k, v)
+    from sluice_functions import monitoring as m
+
+    s = m.MonitorSettings.from_env(dict(os.environ))
+    start, end = m.window_of(datetime(2026, 12, 2, 10, 17, tzinfo=UTC), 3600)
+    assert (start.hour, end.hour) == (9, 10)
+    name = m.job_name("dev", start)
+    assert name == "sluice-dev-monitor-202612020900"
+    request = m.processing_request(s, name, MODEL, f"manifests/{name}.json", start, end)
+    validate("CreateProcessingJob", request)
+    assert request["Environment"]["SLUICE_MODEL_DIR"] == "/opt/ml/processing/baseline/tokenizer"
+    assert request["Environment"]["start_time"] == "2026-12-02T09:00:00Z"
+    assert request["NetworkConfig"]["VpcConfig"]["Subnets"] == ["subnet-1", "subnet-2"]
+    schedule = m.schedule_request(s, MODEL, m.cron_for(3600))
+    validate("CreateMonitoringSchedule", schedule)
+    validate("UpdateMonitoringSchedule", schedule)
+    job = schedule["MonitoringScheduleConfig"]["MonitoringJobDefinition"]
+    assert job["BaselineConfig"]["StatisticsResource"]["S3Uri"].endswith(
+        f"monitoring/baseline/{MODEL}/statistics.json")  # fmt: skip
+    assert "dataset_source" not in job["Environment"]  # Model Monitor sets its own
+    assert job["Environment"]["SLUICE_TOKENIZER_S3_URI"].endswith(f"{MODEL}/tokenizer/")
