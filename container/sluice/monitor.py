@@ -119,7 +119,8 @@ def add_line(window: Window, line: str) -> None:
         window.malformed += 1
 
 
-def read_window(paths: list[Path]) -> Window:
+def read_window(paths: list[Path], max_records: int | None = None) -> Window:
+    """Every record under `paths` (files sorted), or the first `max_records` of them."""
     window = Window()
     for root in paths:
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
@@ -131,6 +132,9 @@ def read_window(paths: list[Path]) -> Window:
             with opener(path, "rt", encoding="utf-8", errors="replace") as f:
                 for line in f:
                     add_line(window, line)
+                    if max_records and len(window.texts) >= max_records:
+                        del window.texts[max_records:]
+                        return window
     return window
 
 
@@ -521,9 +525,13 @@ def _write_json(path: Path, doc: dict) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def run_baseline(data: list[Path], model: Path, output: Path) -> dict:
+BASELINE_MAX_RECORDS = 200_000  # enough for stable statistics; bounds the job's memory
+
+
+def run_baseline(data: list[Path], model: Path, output: Path,
+                 max_records: int = BASELINE_MAX_RECORDS) -> dict:  # fmt: skip
     tok, fp = load_tokenizer(model, output / ".model")
-    window = read_window(data)
+    window = read_window(data, max_records)
     if not window.texts:
         raise SluiceError(f"no records in {', '.join(map(str, data))} to build a baseline from")
     stats = statistics(window, tok, fp, calibrate=True)

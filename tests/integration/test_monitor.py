@@ -170,3 +170,8 @@ def test_byoc_entrypoint_without_its_environment_fails_with_the_reason(tmp_path)
                       check=False)  # fmt: skip
     assert proc.returncode == 1
     assert "dataset_source" in (tmp_path / "message").read_text()
+
+
+def test_a_baseline_reads_at_most_max_records(corpus_dir):
+    assert len(monitor.read_window([corpus_dir / "train"], max_records=100).texts) == 100
+    assert len(monitor.read_window([corpus_dir / "train"]).texts) == 3000

@@ -127,6 +127,16 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
     config = sm().describe_endpoint_config(EndpointConfigName=job)
     assert config["DataCaptureConfig"]["DestinationS3Uri"] == f"s3://{h.BUCKET}/capture/endpoint/"
     assert out["edge"]["status"] == "COMPLETED"
+    # the drift baseline for the new champion, from its training data and its own tokenizer
+    assert out["endpoint"]["baseline"] == {"job": job, "status": "started"}
+    baseline = sm().describe_processing_job(ProcessingJobName=job)
+    assert baseline["AppSpecification"]["ContainerEntrypoint"][:3] == [
+        "sluice",
+        "monitor",
+        "baseline",
+    ]
+    [output] = baseline["ProcessingOutputConfig"]["Outputs"]
+    assert output["S3Output"]["S3Uri"] == f"s3://{h.BUCKET}/monitoring/baseline/{job}/"
     [note] = h.notifications(world)
     assert note["outcome"] == "promoted" and note["model"] == job
 
