@@ -161,7 +161,8 @@ def cmd_monitor(args: argparse.Namespace, argv: list[str]) -> int:
         raise SluiceError("sluice monitor baseline|run needs --data, --model and --output")
     data, out = [Path(d) for d in args.data], Path(args.output)
     if args.mode == "baseline":
-        stats = monitor.run_baseline(data, Path(args.model), out)
+        stats = monitor.run_baseline(data, Path(args.model), out,
+                                     outputs=args.reference_outputs)  # fmt: skip
         print(f"baseline of {stats['dataset']['item_count']} records written to {out}")
         return 0
     if not args.baseline:
@@ -292,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--output", help="where the results go")
     m.add_argument("--metrics-dir", help="also write CloudWatch metric lines here")
     m.add_argument("--fail-on-violations", action="store_true", help="exit 2 on violations")
+    m.add_argument(
+        "--reference-outputs",
+        type=int,
+        default=200,
+        help="baseline: training prompts the model answers as the output reference",
+    )
     m.set_defaults(func=cmd_monitor)
 
     d = sub.add_parser(

@@ -12,8 +12,8 @@ Measures, each a distance from the baseline with a threshold in the constraints:
 - byte_fallback_rate: share of tokens that are single bytes (text the tokenizer never learnt
   splits into bytes), as an absolute difference;
 - script_mix: Jensen-Shannon distance of character classes (letters by script, digits, ...);
-- output_length, output_mean_logprob: PSI of generated length and mean log-probability, checked
-  when the baseline itself holds model outputs (a baseline built from a reference capture window).
+- output_length, output_mean_logprob: PSI of generated length and mean log-probability, against
+  the champion's own generations for REFERENCE_OUTPUTS training prompts (made by the baseline).
 
 A violation needs the distance to exceed both the constraint (an effect size chosen a priori: PSI
 0.25 is the customary "significant shift" bound; JS distance 0.1; 5 points of byte fallback) and
@@ -246,11 +246,11 @@ def feature(name: str, rows: Rows, edges: dict, idx=None) -> dict | None:
             "inferred_type": "Fractional",
             "rate": {"tokens": total, "byte_tokens": fb, "value": fb / total if total else 0.0},
         }
-    values = {
-        "record_length": np.asarray([len(rows.ids[i]) for i in idx], dtype=float),
-        "output_length": rows.out_len[idx] if len(rows.out_len) else rows.out_len,
-        "output_mean_logprob": rows.out_lp[idx] if len(rows.out_lp) else rows.out_lp,
-    }[name]
+    if name == "record_length":
+        values = np.asarray([len(rows.ids[i]) for i in idx], dtype=float)
+    else:
+        column = rows.out_len if name == "output_length" else rows.out_lp
+        values = column[idx] if len(column) == n else column
     if not len(values):
         return None
     return {"name": name, "inferred_type": "Fractional",
@@ -507,16 +507,24 @@ def write_report(out: Path, result: dict, current: dict, plots: list[str]) -> Pa
 # --- the command ------------------------------------------------------------------------------
 
 
+def model_source(model: Path, scratch: Path) -> Path:
+    """A folder with a tokenizer: a model folder, a model.tar.gz unpacked once, or a baseline's
+    tokenizer/ folder."""
+    from .model import unpack_model_source
+
+    if model.is_dir() and (model / "tokenizer_config.json").exists():
+        return model
+    scratch.mkdir(parents=True, exist_ok=True)
+    return unpack_model_source(model, scratch)
+
+
 def load_tokenizer(model: Path, scratch: Path):
-    """The tokenizer of a model folder, a model.tar.gz, or a baseline's tokenizer/ folder."""
+    """The tokenizer (and its fingerprint) of anything model_source accepts."""
     from transformers import AutoTokenizer
 
     from .evaluate import tokenizer_fingerprint
-    from .model import unpack_model_source
 
-    is_tokenizer = model.is_dir() and (model / "tokenizer_config.json").exists()
-    source = model if is_tokenizer else unpack_model_source(model, scratch)
-    tok = AutoTokenizer.from_pretrained(str(source))
+    tok = AutoTokenizer.from_pretrained(str(model_source(model, scratch)))
     return tok, tokenizer_fingerprint(tok)
 
 
@@ -528,12 +536,42 @@ def _write_json(path: Path, doc: dict) -> None:
 BASELINE_MAX_RECORDS = 200_000  # enough for stable statistics; bounds the job's memory
 
 
+REFERENCE_OUTPUTS = 200
+
+
+def reference_outputs(model_dir: Path, texts: list[str], n: int) -> list[dict]:
+    """What the champion generates for the first n records' opening halves (up to 32 tokens),
+    with its own task defaults: the baseline for the output-side measures."""
+    from .engine import Engine, EngineConfig
+    from .model import load_model, read_sluice_json
+    from .records import Record
+
+    model, tok = load_model(model_dir)
+    defaults = read_sluice_json(model_dir).get("task_defaults", {})
+    engine = Engine(model, tok, EngineConfig(default_max_new_tokens=int(
+        defaults.get("max_new_tokens", 32))))  # fmt: skip
+    records = []
+    for i, text in enumerate(texts[:n]):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) >= 2:
+            records.append(Record(i, tok.decode(ids[: min(32, len(ids) // 2)]), "generate", {}))
+    jobs = [j for j in engine.prepare(records) if not isinstance(j, dict)]
+    engine.run(jobs)
+    return [j.result for j in jobs if j.result and "error" not in j.result]
+
+
 def run_baseline(data: list[Path], model: Path, output: Path,
-                 max_records: int = BASELINE_MAX_RECORDS) -> dict:  # fmt: skip
-    tok, fp = load_tokenizer(model, output / ".model")
+                 max_records: int = BASELINE_MAX_RECORDS,
+                 outputs: int = REFERENCE_OUTPUTS) -> dict:  # fmt: skip
+    """statistics.json, constraints.json and tokenizer/ for a champion and its training data;
+    with a full model (not just a tokenizer) also its outputs on `outputs` training prompts."""
+    source = model_source(model, output / ".model")  # a model.tar.gz is unpacked once
+    tok, fp = load_tokenizer(source, output / ".model")
     window = read_window(data, max_records)
     if not window.texts:
         raise SluiceError(f"no records in {', '.join(map(str, data))} to build a baseline from")
+    if outputs and not window.outputs and (source / "config.json").exists():
+        window.outputs = reference_outputs(source, window.texts, outputs)
     stats = statistics(window, tok, fp, calibrate=True)
     # the tokenizer travels with the baseline: monitor jobs then need no model archive
     tok.save_pretrained(str(output / "tokenizer"))

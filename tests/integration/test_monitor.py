@@ -35,11 +35,12 @@ def test_baseline_suggests_a_check_per_measure_with_its_noise_calibration(baseli
         read_json(baseline / "constraints.json"),
     )
     assert stats["dataset"]["item_count"] == 3000
+    # the champion's own outputs on 200 training prompts: the output-side reference
+    assert stats["dataset"]["outputs"] == monitor.REFERENCE_OUTPUTS
     checks = {f["name"]: f["drift_check"] for f in constraints["features"]}
     assert checks == {name: {"method": m, "threshold": t}
-                      for name, (m, t) in monitor.DEFAULT_THRESHOLDS.items()
-                      if name in {"token_distribution", "record_length", "byte_fallback_rate",
-                                  "script_mix"}}  # fmt: skip
+                      for name, (m, t) in monitor.DEFAULT_THRESHOLDS.items()}  # fmt: skip
+    assert (baseline / "tokenizer" / "tokenizer.json").exists()
     noise = stats["calibration"]["max_distance"]["token_distribution"]
     sizes = sorted(int(k) for k in noise)
     assert sizes[0] == 25 and sizes[-1] == 1000
@@ -153,6 +154,9 @@ def test_byoc_entrypoint_reads_model_monitors_environment(baseline, trained, tmp
     run_sluice("monitor", env=env)
     violations = read_json(tmp_path / "result" / "constraint_violations.json")["violations"]
     assert violations
+    # the output side is checked against the champion's reference outputs
+    report = (tmp_path / "result" / "report.md").read_text()
+    assert "| output_length | psi |" in report and "| output_mean_logprob | psi |" in report
     stats = read_json(tmp_path / "result" / "statistics.json")
     assert stats["dataset"]["item_count"] == 400 and stats["dataset"]["malformed"] == 1
     assert (tmp_path / "message").read_text().startswith("CompletedWithViolations:")
