@@ -26,7 +26,14 @@ from .aws import client, error_code
 from .batching import Parsed, Settings, dedupe, parse_message
 from .drift import outcome as monitor_outcome
 from .reports import split_uri
-from .retrain import Pending, TriggerSettings, due, execution_input, execution_name
+from .retrain import (
+    MAX_VIOLATIONS,
+    Pending,
+    TriggerSettings,
+    due,
+    execution_input,
+    execution_name,
+)
 
 logger = Logger(service="sluice-retrain-trigger")
 metrics = Metrics(namespace="Sluice", service="retrain-trigger")
@@ -201,7 +208,8 @@ def record_monitoring(detail: dict, env: dict[str, str], now: int) -> dict:
         logger.info("no drift", extra=doc)
         return doc
     logger.warning("drift: retrain requested", extra={**doc, "violations": result.violations})
-    add(env["RETRAIN_TABLE"], "drift", now=now, violations=result.violations)
+    # capped as the execution input caps them: the pending record stays far from 400 KB
+    add(env["RETRAIN_TABLE"], "drift", now=now, violations=result.violations[:MAX_VIOLATIONS])
     started = process(env, now)
     notify(env, f"Sluice {env.get('STAGE', '')}: drift detected",
            {**doc, "violations": result.violations, "retrain": started})  # fmt: skip
