@@ -136,13 +136,17 @@ def cmd_transform(args: argparse.Namespace, argv: list[str]) -> int:
         content_type=args.content_type, accept=args.accept, split_type=args.split_type,
         strategy=args.strategy, max_payload_mb=args.max_payload_mb,
         concurrency=args.max_concurrent_transforms, assemble_with=args.assemble_with,
-        join_source=args.join_source, env=parse_sets(args.env),
+        join_source=args.join_source, env=parse_sets(args.env), compression=args.compression,
+        capture_uri=args.capture_uri, timeout_s=args.invocation_timeout,
+        max_retries=args.max_retries,
     )  # fmt: skip
     summary = run_transform(
         Path(args.model), args.input, args.output, cfg,
         manifest=args.manifest, endpoint_url=args.endpoint_url,
     )  # fmt: skip
     print(json.dumps(summary, indent=2))
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=2))
     return 0 if summary["TransformJobStatus"] == "Completed" else 1
 
 
@@ -175,6 +179,18 @@ def cmd_monitor(args: argparse.Namespace, argv: list[str]) -> int:
         metrics_dir=Path(args.metrics_dir) if args.metrics_dir else None,
     )  # fmt: skip
     return 2 if result["violations"] and args.fail_on_violations else 0
+
+
+def cmd_local(args: argparse.Namespace, argv: list[str]) -> int:
+    """`sluice local ...` is its own command line (sluice_local.cli), with its own --help."""
+    try:
+        from sluice_local.cli import main as local_main
+    except ImportError as e:
+        raise SluiceError(
+            f"`sluice local` needs the local extra ({e.name} is missing): "
+            "pip install -e '.[container,local]' (make setup does)"
+        ) from None
+    return local_main(argv[argv.index("local") + 1 :])
 
 
 def cmd_demo(args: argparse.Namespace, argv: list[str]) -> int:
@@ -275,6 +291,23 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--join-source", choices=["Input", "None"], default="None")
     tr.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="environment for the serve process (e.g. SLUICE_TASK=score)")  # fmt: skip
+    tr.add_argument("--compression", choices=["None", "Gzip"], default="None",
+                    help="CompressionType of the input objects")  # fmt: skip
+    tr.add_argument(
+        "--invocation-timeout",
+        type=int,
+        default=600,
+        help="seconds per request (ModelClientConfig.InvocationsTimeoutInSeconds)",
+    )
+    tr.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        help="retries of a failed request (ModelClientConfig.InvocationsMaxRetries)",
+    )
+    tr.add_argument("--capture-uri", help="DataCaptureConfig.DestinationS3Uri: write batch "
+                    "capture manifests (input/, output/) there")  # fmt: skip
+    tr.add_argument("--summary", help="also write the job's summary (JSON) to this file")
     tr.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
     tr.set_defaults(func=cmd_transform)
 
@@ -301,6 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.set_defaults(func=cmd_monitor)
 
+    lo = sub.add_parser(
+        "local",
+        help="the whole application on this machine: `sluice local up`, `sluice local demo`",
+        description="Local Sluice (no AWS account): see `sluice local --help`.",
+        add_help=False,
+    )
+    lo.set_defaults(func=cmd_local)
+
     d = sub.add_parser(
         "demo",
         help="train a tiny model on the embedded corpus and show what it predicts",
@@ -315,7 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)  # `local` takes everything after it, --help too
+    if rest and args.command != "local":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     setup_logging(args.log_level)
     try:
         return args.func(args, argv)

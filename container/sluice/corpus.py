@@ -43,6 +43,31 @@ TEMPLATES = (
 )
 
 
+# A second topic with its own words (and numbers): text the animal corpus never shows, for
+# drift (a model trained on animals meets kitchen talk) and for retraining on new data.
+INGREDIENTS = ["flour", "butter", "sugar", "rice", "cream", "honey", "lentils", "cheese"]
+VEGETABLES = ["onions", "carrots", "peppers", "leeks", "tomatoes", "potatoes"]
+SPICES = ["salt", "pepper", "cumin", "paprika", "ginger", "nutmeg"]
+DISHES = ["the stew", "a risotto", "the pancakes", "a curry", "the omelette", "a tart"]
+KITCHEN = (
+    "Mix the {ingredient} with the {ingredient2} and bake it for {minutes} minutes.",
+    "{name} chops the {vegetable} on the wooden board.",
+    "The soup needs more {spice} before dinner.",
+    "Heat the oven to {degrees} degrees and wait {minutes} minutes.",
+    "{name} serves {dish} with fresh {vegetable}.",
+    "Stir {minutes} grams of {spice} into {dish}.",
+)
+
+
+def kitchen_sentence(rng: random.Random) -> str:
+    a, b = rng.sample(INGREDIENTS, 2)
+    return rng.choice(KITCHEN).format(
+        ingredient=a, ingredient2=b, minutes=rng.choice([5, 10, 15, 20, 30, 45]),
+        name=rng.choice(NAMES), vegetable=rng.choice(VEGETABLES), spice=rng.choice(SPICES),
+        degrees=rng.choice([160, 180, 200, 220]), dish=rng.choice(DISHES),
+    )  # fmt: skip
+
+
 def sentence(rng: random.Random) -> str:
     animal, animal2 = rng.sample(sorted(ANIMALS), 2)
     place = rng.choice(sorted(PLACES))
@@ -58,15 +83,19 @@ def sentence(rng: random.Random) -> str:
     )
 
 
-def generate(n: int, seed: int = 0) -> list[str]:
+TOPICS = {"animals": sentence, "kitchen": kitchen_sentence}
+
+
+def generate(n: int, seed: int = 0, topic: str = "animals") -> list[str]:
     """n sentences, deterministic for a seed (duplicates possible, as in real data)."""
     rng = random.Random(seed)
-    return [sentence(rng) for _ in range(n)]
+    make = TOPICS[topic]
+    return [make(rng) for _ in range(n)]
 
 
-def write_corpus(path: Path, n: int, seed: int = 0) -> Path:
+def write_corpus(path: Path, n: int, seed: int = 0, topic: str = "animals") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(generate(n, seed)) + "\n", encoding="utf-8")
+    path.write_text("\n".join(generate(n, seed, topic)) + "\n", encoding="utf-8")
     return path
 
 

@@ -67,12 +67,13 @@ def run_demo(workdir: Path, steps: int = 300) -> int:
         inputs = Path(f["uri"]).read_text().splitlines()
         outputs = Path(f["output"]).read_text().splitlines()
         for line_in, line_out in zip(inputs, outputs, strict=True):
-            print(f"     {_show(line_in, line_out)}")
+            print(f"     {show_line(line_in, line_out)}")
     print(f"artifacts: {model_dir} (edge export in edge/, loss curve loss_curve.png)")
     return 0 if summary["TransformJobStatus"] == "Completed" else 1
 
 
-def _show(line_in: str, line_out: str) -> str:
+def show_line(line_in: str, line_out: str) -> str:
+    """One input line beside what the model made of it, for people."""
     out = json.loads(line_out)
     try:
         text = json.loads(line_in)["text"]

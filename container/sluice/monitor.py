@@ -93,7 +93,8 @@ def _output_rows(body: bytes) -> list[dict]:
 
 
 def add_line(window: Window, line: str) -> None:
-    """One line of a capture file or a JSON Lines/text input; a bad line is counted, not fatal."""
+    """One line of a capture file, a JSON Lines/text input or a transform's .out file (batch
+    capture names the job's inputs and outputs); a bad line is counted, not fatal."""
     line = line.strip()
     if not line:
         return
@@ -112,6 +113,11 @@ def add_line(window: Window, line: str) -> None:
             return
         text = next((obj[k] for k in TEXT_FIELDS if isinstance(obj.get(k), str)), None)
         if text is None:
+            if isinstance(obj.get("error"), dict):
+                return  # a transform output's error line: neither a request nor an answer
+            if "task" in obj:
+                window.outputs.append(obj)  # a transform output line (.out): the model's answer
+                return
             raise ValueError("no text field")
         window.texts.append(text)
     except (ValueError, AttributeError, TypeError, binascii.Error, UnicodeDecodeError):

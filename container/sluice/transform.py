@@ -129,6 +129,8 @@ class TransformConfig:
     join_source: str = "None"
     max_retries: int = 3
     timeout_s: int = 600
+    compression: str = "None"  # Gzip: each object is gunzipped before it is split
+    capture_uri: str | None = None  # DataCaptureConfig.DestinationS3Uri (batch capture manifests)
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -166,6 +168,41 @@ def payloads(body: bytes, cfg: TransformConfig, limit: int) -> list[bytes]:
     return out
 
 
+def gunzip(body: bytes, uri: str) -> bytes:
+    import gzip
+    import zlib
+
+    try:
+        return gzip.decompress(body)
+    except (OSError, EOFError, zlib.error) as e:
+        raise SluiceError(f"{uri} is not gzip (CompressionType=Gzip): {e}") from None
+
+
+def capture_manifests(storage: Storage, capture_uri: str, inputs: list[tuple[str, str]],
+                      results: list[FileResult], output_uri: str) -> list[str]:  # fmt: skip
+    """Batch data capture as SageMaker writes it: manifests of the job's input objects and of
+    its outputs (not copies) under <capture>/input/ and <capture>/output/, by hour."""
+    import uuid
+    from datetime import UTC, datetime
+
+    hour = datetime.now(UTC).strftime("%Y/%m/%d/%H")
+    name = f"{uuid.uuid4()}.json"
+    base = capture_uri.rstrip("/")
+    in_prefix = inputs[0][0][: len(inputs[0][0]) - len(inputs[0][1])] if inputs else ""
+    written = []
+    docs = {
+        "input": [{"prefix": in_prefix}, *[rel for _, rel in inputs]],
+        "output": [{"prefix": output_uri.rstrip("/") + "/"},
+                   *[rel + ".out" for (_, rel), r in zip(inputs, results, strict=True)
+                     if r.output]],
+    }  # fmt: skip
+    for kind, doc in docs.items():
+        uri = f"{base}/{kind}/{hour}/{name}"
+        storage.write(uri, json.dumps(doc).encode())
+        written.append(uri)
+    return written
+
+
 def join_input(inputs: list[bytes], outputs: list[bytes], content_type: str) -> list[bytes]:
     """JoinSource=Input: JSON inputs get the result under SageMakerOutput, others `input,output`."""
     if len(inputs) != len(outputs):
@@ -191,17 +228,23 @@ def join_input(inputs: list[bytes], outputs: list[bytes], content_type: str) -> 
 class ServeProcess:
     """The real `sluice serve` in a subprocess on a free port, as SageMaker starts the image."""
 
-    def __init__(self, model_dir: Path, env: dict[str, str]):
+    def __init__(self, model_dir: Path, env: dict[str, str], log_path: Path | None = None,
+                 base_env: dict[str, str] | None = None):  # fmt: skip
+        """`env` over `base_env` (default: this process's environment); output to `log_path`."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env}
+        base = os.environ if base_env is None else base_env
+        full_env = {**base, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env}
+        log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir),
              "--host", "127.0.0.1"],
-            env=full_env,
+            env=full_env, stdout=log, stderr=subprocess.STDOUT if log else None,
         )  # fmt: skip
+        if log:
+            log.close()
 
     def wait_ready(self, timeout: float = 240) -> None:
         t0 = time.monotonic()
@@ -282,6 +325,8 @@ def run_transform(
         )
     finally:
         server.stop()
+    if cfg.capture_uri:
+        capture_manifests(storage, cfg.capture_uri, inputs, results, output_uri)
     failed = [r for r in results if r.failure]
     return {
         "TransformJobStatus": "Failed" if failed else "Completed",
@@ -307,6 +352,8 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
         results.append(FileResult(uri))
         try:
             body = storage.read(uri)
+            if cfg.compression == "Gzip":
+                body = gunzip(body, uri)
             bodies[i] = payloads(body, cfg, limit)
         except SluiceError as e:
             results[i].failure = str(e)

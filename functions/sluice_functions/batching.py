@@ -169,22 +169,38 @@ def dedupe(uploads: list[Upload]) -> list[Upload]:
     return out
 
 
-def plan_jobs(uploads: list[Upload], max_files: int, max_bytes: int) -> list[list[Upload]]:
-    """Coalesce the batch into as few jobs as the limits allow, in arrival order.
+# A transform job has one ContentType: uploads are grouped by what their suffix says they hold
+# (plain text is a prompt a line, not JSON); other suffixes get the configured type (JSON Lines).
+CONTENT_TYPES = {".txt": "text/plain", ".csv": "text/csv"}
+
+
+def content_type(key: str, default: str) -> str:
+    """The ContentType a transform job over this object needs."""
+    return next((t for s, t in CONTENT_TYPES.items() if key.lower().endswith(s)), default)
+
+
+def plan_jobs(uploads: list[Upload], max_files: int, max_bytes: int,
+              default_type: str = "application/jsonlines") -> list[list[Upload]]:  # fmt: skip
+    """Coalesce the batch into as few jobs as the limits allow, one content type a job, in
+    arrival order.
 
     A single object larger than max_bytes still gets a job of its own (it cannot be split).
     """
-    jobs: list[list[Upload]] = []
-    current: list[Upload] = []
-    size = 0
+    by_type: dict[str, list[Upload]] = {}
     for u in uploads:
-        if current and (len(current) >= max_files or size + u.size > max_bytes):
+        by_type.setdefault(content_type(u.key, default_type), []).append(u)
+    jobs: list[list[Upload]] = []
+    for group in by_type.values():
+        current: list[Upload] = []
+        size = 0
+        for u in group:
+            if current and (len(current) >= max_files or size + u.size > max_bytes):
+                jobs.append(current)
+                current, size = [], 0
+            current.append(u)
+            size += u.size
+        if current:
             jobs.append(current)
-            current, size = [], 0
-        current.append(u)
-        size += u.size
-    if current:
-        jobs.append(current)
     return jobs
 
 
@@ -243,7 +259,7 @@ def transform_request(
                     "S3Uri": f"s3://{settings.bucket}/{manifest_key}",
                 }
             },
-            "ContentType": settings.content_type,
+            "ContentType": content_type(uploads[0].key, settings.content_type),
             "CompressionType": "None",
             "SplitType": "Line",
         },

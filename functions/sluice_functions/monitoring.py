@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from .batching import manifest
+from .reports import parse_manifest
 
 LOCAL = "/opt/ml/processing"
 ENTRYPOINT = ["sluice", "monitor"]
@@ -76,6 +77,32 @@ def endpoint_capture_prefixes(endpoint: str, start: datetime, end: datetime) -> 
 
 def in_window(last_modified: datetime, start: datetime, end: datetime) -> bool:
     return start <= last_modified < end
+
+
+def requested_window(event: dict, now: datetime, window_s: int) -> tuple[datetime, datetime]:
+    """The window to check: by default the last complete one; `{"end": ISO-8601 | "now"}` (an
+    operator checking now, or re-checking a past window) asks for the window_s ending then."""
+    end = event.get("end") if isinstance(event, dict) else None
+    if not end:
+        return window_of(now, window_s)
+    when = now if end == "now" else datetime.fromisoformat(str(end).replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=now.tzinfo)
+    return when - timedelta(seconds=window_s), when
+
+
+def batch_capture_keys(bucket: str, body: bytes) -> list[str] | None:
+    """The objects a batch capture file names (SageMaker writes manifests of a transform job's
+    inputs under input/ and of its outputs under output/, not copies); None if `body` is not
+    such a manifest. Objects in other buckets are left out (one job reads one bucket)."""
+    try:
+        prefix, keys = parse_manifest(body)
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+    if not prefix.startswith(f"s3://{bucket}/"):
+        return []
+    base = prefix.removeprefix(f"s3://{bucket}/")
+    return [base + k for k in keys]
 
 
 def _common(s: MonitorSettings, env: dict) -> dict:

@@ -1,8 +1,10 @@
 """start_monitor: the scheduled drift check, in either MonitoringMode.
 
 Processing (the default, open to every account): each window, one Processing job running
-`sluice monitor` over the capture written in that window (endpoint and batch capture, listed into
-a manifest), against the current champion's baseline. ModelMonitor: keep a monitoring schedule on
+`sluice monitor` over the capture written in that window (endpoint capture files, and the inputs
+and outputs that batch capture manifests name, listed into one manifest), against the current
+champion's baseline. `{"end": "now"}` checks the window ending now instead of the last complete
+one (an operator who will not wait for the hour). ModelMonitor: keep a monitoring schedule on
 the endpoint pointed at the current champion's baseline (created, or updated after a promotion).
 Either way the job's completion reaches retrain_trigger, which turns violations into a retrain.
 """
@@ -22,15 +24,16 @@ from .aws import already_exists, client, error_code, sagemaker_resource_exists
 from .monitoring import (
     MonitorSettings,
     baseline_prefix,
+    batch_capture_keys,
     capture_manifest,
     cron_for,
     endpoint_capture_prefixes,
     in_window,
     job_name,
     processing_request,
+    requested_window,
     schedule_name,
     schedule_request,
-    window_of,
 )
 
 logger = Logger(service="sluice-start-monitor")
@@ -54,22 +57,25 @@ def has_baseline(bucket: str, model: str) -> bool:
 
 
 def capture_keys(s: MonitorSettings, start: datetime, end: datetime) -> list[str]:
-    """Capture objects written in the window: endpoint capture by its hour folders, batch
-    capture (one folder per transform job) by LastModified."""
-    s3 = client("s3").get_paginator("list_objects_v2")
+    """What the window's capture holds: endpoint capture files (by their hour folders), and the
+    inputs and outputs of the transform jobs whose batch capture manifests were written in it."""
+    s3 = client("s3")
     keys = []
     for prefix in [*endpoint_capture_prefixes(s.endpoint, start, end), "capture/batch/"]:
-        for page in s3.paginate(Bucket=s.bucket, Prefix=prefix):
-            keys += [
-                o["Key"]
-                for o in page.get("Contents", [])
-                if in_window(o["LastModified"], start, end) and not o["Key"].endswith("/")
-            ]
-    return keys  # fmt: skip
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=s.bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                key = o["Key"]
+                if key.endswith("/") or not in_window(o["LastModified"], start, end):
+                    continue
+                named = None
+                if prefix == "capture/batch/":
+                    body = s3.get_object(Bucket=s.bucket, Key=key)["Body"].read()
+                    named = batch_capture_keys(s.bucket, body)
+                keys += [key] if named is None else named
+    return sorted(set(keys))
 
 
-def start_processing(s: MonitorSettings, model: str, now: datetime) -> dict:
-    start, end = window_of(now, s.window_s)
+def start_processing(s: MonitorSettings, model: str, start: datetime, end: datetime) -> dict:
     name = job_name(s.stage, start)
     if sagemaker_resource_exists("describe_processing_job", ProcessingJobName=name):
         logger.info("monitor job for this window already exists", extra={"job": name})
@@ -135,4 +141,5 @@ def handler(event: dict, context: LambdaContext) -> dict:
         return {"outcome": "no-baseline", "champion": model}
     if env.get("MONITORING_MODE", "Processing") == "ModelMonitor":
         return ensure_schedule(s, model)
-    return start_processing(s, model, datetime.now(UTC))
+    start, end = requested_window(event, datetime.now(UTC), s.window_s)
+    return start_processing(s, model, start, end)

@@ -156,7 +156,7 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
             report_no_model(settings, uploads, str(e))
         return failures(failed | {u.message_id for u in uploads})
 
-    for group in plan_jobs(uploads, settings.max_files, settings.max_bytes):
+    for group in plan_jobs(uploads, settings.max_files, settings.max_bytes, settings.content_type):
         try:
             outcome = start_job(settings, model, group, table)
             metrics.add_metric("JobsStarted" if outcome == "started" else "DuplicateBatches",

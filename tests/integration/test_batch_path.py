@@ -117,7 +117,7 @@ def upload(aws, key: str, lines: int = 3):
     aws["s3"].put_object(Bucket=BUCKET, Key=key, Body=body.encode())
 
 
-def test_uploads_coalesce_into_one_manifest_job(aws, capfd, caplog):
+def test_uploads_coalesce_into_one_manifest_job_per_content_type(aws, capfd, caplog):
     keys = ["incoming/a b/ünicode é.jsonl", "incoming/b.jsonl", "incoming/c.txt"]
     for k in keys:
         upload(aws, k)
@@ -125,14 +125,17 @@ def test_uploads_coalesce_into_one_manifest_job(aws, capfd, caplog):
     aws["s3"].put_object(Bucket=BUCKET, Key="incoming/empty.jsonl", Body=b"")
     event = sqs_event(aws, expect=5)  # S3's test event + 4 object events
     assert start(event) == {"batchItemFailures": []}
-    (job,) = jobs(aws)
+    # one job per content type: the JSON Lines uploads together, the plain text one apart
+    by_type = {j["TransformInput"]["ContentType"]: j for j in jobs(aws)}
+    assert sorted(by_type) == ["application/jsonlines", "text/plain"]
+    job = by_type["application/jsonlines"]
     assert job["ModelName"] == "sluice-dev-model-1"
     src = job["TransformInput"]["DataSource"]["S3DataSource"]
     assert src["S3DataType"] == "ManifestFile"
     manifest = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=src["S3Uri"].split("/", 3)[3])
                           ["Body"].read())  # fmt: skip
     assert manifest[0] == {"prefix": f"s3://{BUCKET}/incoming/"}
-    assert sorted(manifest[1:]) == sorted(k.removeprefix("incoming/") for k in keys)
+    assert sorted(manifest[1:]) == sorted(k.removeprefix("incoming/") for k in keys[:2])
     skipped = [r.__dict__.get("reason") for r in caplog.records if r.getMessage() == "skipped"]
     assert "s3:TestEvent" in skipped and "zero-byte object" in skipped
     assert '"JobsStarted"' in capfd.readouterr().out  # an EMF metric

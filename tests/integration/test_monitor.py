@@ -132,6 +132,18 @@ def test_capture_files_in_both_encodings_multi_record_bodies_and_bad_lines():
     assert window.malformed == 3
 
 
+def test_transform_output_lines_are_answers_and_error_lines_are_neither():
+    """Batch capture names a job's .out files: their lines are the model's answers."""
+    window = monitor.Window()
+    for line in ['{"id":"p0","task":"generate","generated_text":" fish.","tokens":2,'
+                 '"finish_reason":"eos","mean_logprob":-0.5}',
+                 '{"id":"p1","error":{"code":"invalid_json","message":"not valid JSON"}}',
+                 '{"id":"p2","task":"score","logprob":-3.0,"tokens":4}']:  # fmt: skip
+        monitor.add_line(window, line)
+    assert [o["id"] for o in window.outputs] == ["p0", "p2"]
+    assert window.texts == [] and window.malformed == 0
+
+
 def test_byoc_entrypoint_reads_model_monitors_environment(baseline, trained, tmp_path):
     capture = tmp_path / "capture" / "sluice-dev" / "AllTraffic" / "2026" / "12" / "02" / "10"
     capture.mkdir(parents=True)

@@ -78,21 +78,35 @@ def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatc
         time.sleep(11)
         now = datetime.now(UTC)
     hour = f"{now:%Y/%m/%d/%H}"
-    keys = [f"capture/endpoint/sluice-dev/AllTraffic/{hour}/00-01-abc.jsonl",
-            f"capture/endpoint/sluice-dev/AllTraffic/{hour}/30-07-def.jsonl",
-            f"capture/batch/sluice-dev-job1/input/{hour}/part-0.jsonl"]  # fmt: skip
-    for k in keys:
+    endpoint_keys = [f"capture/endpoint/sluice-dev/AllTraffic/{hour}/00-01-abc.jsonl",
+                     f"capture/endpoint/sluice-dev/AllTraffic/{hour}/30-07-def.jsonl"]  # fmt: skip
+    for k in endpoint_keys:
         s3.put_object(Bucket=BUCKET, Key=k, Body=b'{"captureData": {}}\n')
+    # batch capture is manifests of the job's inputs and outputs, as SageMaker writes it
+    batch = {
+        "input": [{"prefix": f"s3://{BUCKET}/incoming/team-a/"}, "a.jsonl", "b.jsonl"],
+        "output": [{"prefix": f"s3://{BUCKET}/outputs/sluice-dev-job1/"}, "a.jsonl.out"],
+    }
+    for kind, doc in batch.items():
+        s3.put_object(Bucket=BUCKET, Key=f"capture/batch/sluice-dev-job1/{kind}/{hour}/m.json",
+                      Body=json.dumps(doc).encode())  # fmt: skip
+    s3.put_object(
+        Bucket=BUCKET,
+        Key=f"capture/batch/other/input/{hour}/m.json",
+        Body=json.dumps([{"prefix": "s3://another-bucket/x/"}, "y.jsonl"]).encode(),
+    )
     s3.put_object(Bucket=BUCKET, Key="capture/endpoint/sluice-dev/AllTraffic/2020/01/01/00/old",
                   Body=b"{}")  # fmt: skip
     # during the hour, the window that just ended holds none of them: no job
     freeze(monkeypatch, aws["module"], now)
     assert aws["handler"]({}, Context())["outcome"] == "empty"
-    # once the hour is over, its window holds all three
+    # once the hour is over, its window holds the endpoint capture and what batch capture names
     boundary = datetime.fromtimestamp(int(now.timestamp()) // 3600 * 3600 + 3600, UTC)
     freeze(monkeypatch, aws["module"], boundary)
     out = aws["handler"]({}, Context())
-    assert out["outcome"] == "started" and out["objects"] == 3
+    expected = [*endpoint_keys, "incoming/team-a/a.jsonl", "incoming/team-a/b.jsonl",
+                "outputs/sluice-dev-job1/a.jsonl.out"]  # fmt: skip
+    assert out["outcome"] == "started" and out["objects"] == len(expected)
     assert out["job"] == f"sluice-dev-monitor-{boundary.replace(hour=now.hour):%Y%m%d%H}00"
     job = boto3.client("sagemaker", region_name=REGION).describe_processing_job(
         ProcessingJobName=out["job"])  # fmt: skip
@@ -103,12 +117,17 @@ def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatc
     manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"manifests/{out['job']}.json")[
         "Body"].read())  # fmt: skip
     prefix = manifest[0]["prefix"].removeprefix(f"s3://{BUCKET}/")
-    assert sorted(prefix + k for k in manifest[1:]) == sorted(keys)
+    assert sorted(prefix + k for k in manifest[1:]) == sorted(expected)
     # the output is where retrain_trigger looks for constraint_violations.json
     [output] = job["ProcessingOutputConfig"]["Outputs"]
     assert output["S3Output"]["S3Uri"] == f"s3://{BUCKET}/monitoring/{out['job']}/output"
     # the schedule fires twice for one window: one job
     assert aws["handler"]({}, Context())["outcome"] == "duplicate"
+    # an operator asks for the window ending now: the hour so far, under its own name
+    later = boundary.replace(minute=30)
+    freeze(monkeypatch, aws["module"], later)
+    asked = aws["handler"]({"end": "now"}, Context())
+    assert asked["job"] == f"sluice-dev-monitor-{later.replace(hour=now.hour):%Y%m%d%H%M}"
 
 
 def test_no_baseline_yet_is_reported_not_silently_skipped(aws):
@@ -131,6 +150,11 @@ def test_requests_of_both_modes_match_the_sagemaker_api(monkeypatch):
     s = m.MonitorSettings.from_env(dict(os.environ))
     start, end = m.window_of(datetime(2026, 12, 2, 10, 17, tzinfo=UTC), 3600)
     assert (start.hour, end.hour) == (9, 10)
+    asked = m.requested_window({"end": "2026-12-02T10:17:00Z"}, datetime.now(UTC), 3600)
+    assert asked == (
+        datetime(2026, 12, 2, 9, 17, tzinfo=UTC),
+        datetime(2026, 12, 2, 10, 17, tzinfo=UTC),
+    )
     name = m.job_name("dev", start)
     assert name == "sluice-dev-monitor-202612020900"
     request = m.processing_request(s, name, MODEL, f"manifests/{name}.json", start, end)

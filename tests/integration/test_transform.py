@@ -119,3 +119,37 @@ def test_a_failing_file_gets_no_output_and_fails_the_job(trained, tmp_path):
     assert summary["TransformJobStatus"] == "Failed"
     assert "bad.jsonl" in summary["FailureReason"] and "UTF-16" in summary["FailureReason"]
     assert (out / "good.jsonl.out").exists() and not (out / "bad.jsonl.out").exists()
+
+
+def test_gzip_inputs_and_batch_capture_manifests(trained, s3_endpoint, tmp_path):
+    """CompressionType=Gzip is read as SageMaker reads it; DataCaptureConfig writes manifests of
+    the job's inputs and outputs (not copies) under input/ and output/, by hour."""
+    import gzip
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="cap")
+    s3.put_object(
+        Bucket="cap",
+        Key="in/a.jsonl.gz",
+        Body=gzip.compress(jsonl([{"id": i, "text": "The cat"} for i in range(3)])),
+    )
+    s3.put_object(Bucket="cap", Key="in/b.jsonl.gz", Body=b"not gzip at all")
+    summary_file = tmp_path / "summary.json"
+    proc = run_sluice(
+        "transform", "--model", str(trained["model"]), "--input", "s3://cap/in/",
+        "--output", "s3://cap/out/", "--endpoint-url", s3_endpoint, "--compression", "Gzip",
+        "--capture-uri", "s3://cap/capture/batch/job-1/", "--summary", str(summary_file),
+        env=AWS_ENV, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1  # b.jsonl.gz fails the job, a.jsonl.gz still gets its output
+    summary = json.loads(summary_file.read_text())
+    assert summary["TransformJobStatus"] == "Failed" and "not gzip" in summary["FailureReason"]
+    out = s3.get_object(Bucket="cap", Key="out/a.jsonl.gz.out")["Body"].read().decode()
+    assert len(out.splitlines()) == 3
+    listed = sorted(
+        o["Key"] for o in s3.list_objects_v2(Bucket="cap", Prefix="capture/")["Contents"]
+    )
+    assert [k.split("/")[3] for k in listed] == ["input", "output"]
+    docs = [json.loads(s3.get_object(Bucket="cap", Key=k)["Body"].read()) for k in listed]
+    assert docs[0] == [{"prefix": "s3://cap/in/"}, "a.jsonl.gz", "b.jsonl.gz"]
+    assert docs[1] == [{"prefix": "s3://cap/out/"}, "a.jsonl.gz.out"]

@@ -77,6 +77,16 @@ def test_one_job_per_batch_split_only_by_the_limits():
     assert [len(g) for g in plan_jobs([upload(0, 10**6)], 1000, 10)] == [1]  # too big: alone
 
 
+def test_plain_text_and_csv_uploads_get_jobs_of_their_own_content_type():
+    ups = [upload(0), Upload("m1", "b", "incoming/notes.TXT", 10, "e"), upload(2),
+           Upload("m3", "b", "incoming/t.csv", 10, "e")]  # fmt: skip
+    jobs = plan_jobs(ups, 1000, 10**9)
+    assert [[u.message_id for u in g] for g in jobs] == [["m0", "m2"], ["m1"], ["m3"]]
+    types = [transform_request(SETTINGS, "m", job_name("dev", g), "k", g)["TransformInput"][
+        "ContentType"] for g in jobs]  # fmt: skip
+    assert types == ["application/jsonlines", "text/plain", "text/csv"]
+
+
 def test_job_names_are_deterministic_valid_and_order_free():
     ups = [upload(i) for i in range(5)]
     name = job_name("dev", ups)
