@@ -1,5 +1,5 @@
 # One way to install, one way to test. Every target sets up what it needs first.
-#   make demo    run Sluice's main job locally on embedded defaults
+#   make demo    run Sluice's main job locally on embedded defaults (sluice local demo)
 #   make test    the whole test suite (unit, integration, e2e)
 #   make lint    the static checks CI runs (ruff, cfn-lint, sam validate, ASL, checkov)
 #   make bench   the benchmarks in benchmarks/
@@ -22,7 +22,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements/main.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock torch==2.13.0
-	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock -e '.[container,functions,dev]'
+	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock -e '.[container,functions,local,dev]'
 	touch $@
 
 $(SAM_VENV)/.installed: requirements/sam.lock
@@ -36,7 +36,7 @@ $(CHECKOV_VENV)/.installed: requirements/checkov.lock
 	touch $@
 
 demo: setup
-	$(VENV)/bin/sluice demo
+	$(VENV)/bin/sluice local demo
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 test: setup

@@ -22,7 +22,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-SUBSTITUTION = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 FAKE_ACCOUNT = "123456789012"
 FUNCTION_ZIP_BUDGET = 5 * 2**20  # Lambda packages stay light: cold starts matter
 
@@ -63,86 +62,37 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> int:
 
 def load_template(path: Path) -> dict:
     """Parse a CloudFormation/SAM template with its short-form tags (!Ref, !Sub, ...)."""
-    from cfnlint.decode import cfn_yaml
+    from sluice_local.template import load_template as load
 
-    return cfn_yaml.load(str(path))
+    return load(path)
 
 
-class Resolver:
-    """Evaluates a template's intrinsic functions on parameter defaults, with stand-ins for what
-    only a deployment knows (ARNs, names): enough to give each substitution a value of its type."""
+def placeholder_resolver(template: dict):
+    """The local stack's intrinsic-function resolver on the parameters' defaults, with stand-ins
+    for what only a deployment knows (ARNs, names): each substitution gets a value of its type."""
+    from sluice_local.template import Resolver, Unresolved, parameter_values
 
-    def __init__(self, template: dict):
-        self.parameters = template.get("Parameters", {}) or {}
-        self.conditions = template.get("Conditions", {}) or {}
+    class Placeholders(Resolver):
+        def ref(self, name: str) -> object:
+            try:
+                return super().ref(name)
+            except Unresolved:
+                return f"placeholder-{name}"
 
-    def ref(self, name: str) -> object:
-        if name in self.parameters:
-            p = self.parameters[name]
-            default = p.get("Default", "")
-            if p.get("Type") == "CommaDelimitedList":
-                return [x for x in str(default).split(",") if x]
-            return default
-        if name.startswith("AWS::"):
-            return {"AWS::AccountId": FAKE_ACCOUNT, "AWS::Region": "us-east-1"}.get(name, "aws")
-        return f"placeholder-{name}"
+        def getatt(self, resource: str, attr: str) -> object:
+            try:
+                return super().getatt(resource, attr)
+            except Unresolved:
+                if attr.endswith("Arn"):
+                    return f"arn:aws:iam::{FAKE_ACCOUNT}:role/placeholder-{resource}"
+                return f"placeholder-{resource}"
 
-    def attribute(self, resource: str, attr: str) -> str:
-        if attr.endswith("Arn"):
-            return f"arn:aws:iam::{FAKE_ACCOUNT}:role/placeholder-{resource}"
-        return f"placeholder-{resource}"
-
-    def condition(self, value: object) -> bool:
-        if isinstance(value, dict) and len(value) == 1:
-            ((fn, args),) = value.items()
-            if fn == "Condition":
-                return self.condition(self.conditions[args])
-            if fn == "Fn::Equals":
-                return str(self.value(args[0])) == str(self.value(args[1]))
-            if fn == "Fn::Not":
-                return not self.condition(args[0])
-            if fn == "Fn::And":
-                return all(self.condition(a) for a in args)
-            if fn == "Fn::Or":
-                return any(self.condition(a) for a in args)
-        raise ValueError(f"cannot evaluate condition {value!r}")
-
-    def sub(self, text: str, names: dict) -> str:
-        def repl(m: re.Match) -> str:
-            name = m.group(1)
-            if name in names:
-                return str(self.value(names[name]))
-            if "." in name:
-                return self.attribute(*name.split(".", 1))
-            return str(self.ref(name))
-
-        return re.sub(r"\$\{([A-Za-z0-9_:.]+)\}", repl, text)
-
-    def value(self, value: object) -> object:
-        if not isinstance(value, dict) or len(value) != 1:
-            return value
-        ((fn, args),) = value.items()
-        if fn == "Ref":
-            return self.ref(args)
-        if fn == "Fn::GetAtt":
-            resource, attr = args if isinstance(args, list) else args.split(".", 1)
-            return self.attribute(resource, attr)
-        if fn == "Fn::Sub":
-            text, names = (args, {}) if isinstance(args, str) else (args[0], args[1])
-            return self.sub(text, names)
-        if fn == "Fn::If":
-            name, yes, no = args
-            return self.value(yes if self.condition(self.conditions[name]) else no)
-        if fn == "Fn::Join":
-            sep, items = args
-            items = self.value(items)
-            return sep.join(str(self.value(i)) for i in items)
-        return value
+    return Placeholders(parameter_values(template, {}), template.get("Conditions") or {})
 
 
 def state_machines(template: dict, root: Path) -> dict[Path, dict]:
     """Map each ASL file the template references to the substitutions it gets."""
-    resolver = Resolver(template)
+    resolver = placeholder_resolver(template)
     found: dict[Path, dict] = {}
     for res in (template.get("Resources") or {}).values():
         if res.get("Type") not in (
@@ -154,22 +104,15 @@ def state_machines(template: dict, root: Path) -> dict[Path, dict]:
         uri = props.get("DefinitionUri")
         if isinstance(uri, str):
             subs = props.get("DefinitionSubstitutions", {}) or {}
-            found[(root / uri).resolve()] = {k: resolver.value(v) for k, v in subs.items()}
+            found[(root / uri).resolve()] = {k: resolver.resolve(v) for k, v in subs.items()}
     return found
 
 
 def substitute(text: str, subs: dict) -> tuple[str, list[str]]:
     """Apply substitutions as Step Functions does; return the text and any undefined names."""
-    missing: list[str] = []
+    from sluice_local.template import substitute as apply
 
-    def repl(m: re.Match) -> str:
-        name = m.group(1)
-        if name not in subs:
-            missing.append(name)
-            return m.group(0)
-        return str(subs[name])
-
-    return SUBSTITUTION.sub(repl, text), missing
+    return apply(text, subs)
 
 
 def filter_false_positive(line: str, text: str) -> bool:

@@ -87,13 +87,12 @@ class SimulatedSageMaker:
             state_task_service,
         )
 
+        from sluice_local.moto_fixes import service_names
+
         sim = self
         # moto's interpreter knows boto's name, not the one Step Functions uses in aws-sdk ARNs
-        names = dict(state_task_service.StateTaskService._SERVICE_NAME_SFN_TO_BOTO_OVERRIDES)
-        names["applicationautoscaling"] = "application-autoscaling"
-        monkeypatch.setattr(
-            state_task_service.StateTaskService, "_SERVICE_NAME_SFN_TO_BOTO_OVERRIDES", names
-        )
+        monkeypatch.setattr(state_task_service.StateTaskService,
+                            "_SERVICE_NAME_SFN_TO_BOTO_OVERRIDES", service_names())  # fmt: skip
 
         create_training = SageMakerModelBackend.create_training_job
         describe_training = SageMakerModelBackend.describe_training_job

@@ -1,0 +1,147 @@
+"""Requests and answers in SageMaker's own shapes, from botocore's service model.
+
+Every request is validated as SageMaker validates it (types, required members, enums, lengths,
+patterns the model carries); every answer is rendered through the operation's output shape, so a
+client sees exactly the members SageMaker would send, timestamps as epoch seconds.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from functools import cache
+
+from botocore.validate import ParamValidator
+
+
+class ApiError(Exception):
+    """A SageMaker error answer: its code (`__type`), message and HTTP status."""
+
+    def __init__(self, code: str, message: str, status: int = 400):
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status
+
+
+@cache
+def model(service: str = "sagemaker"):
+    from botocore.session import get_session
+
+    return get_session().get_service_model(service)
+
+
+def operation(name: str, service: str = "sagemaker"):
+    try:
+        return model(service).operation_model(name)
+    except Exception:
+        raise ApiError("UnknownOperationException", f"unknown operation {name}") from None
+
+
+def parse_input(value, shape):
+    """JSON-protocol input to Python values: epoch-second timestamps become datetimes."""
+    if shape is None or value is None:
+        return value
+    kind = shape.type_name
+    if kind == "structure" and isinstance(value, dict):
+        return {k: parse_input(v, shape.members.get(k)) for k, v in value.items()}
+    if kind == "list" and isinstance(value, list):
+        return [parse_input(v, shape.member) for v in value]
+    if kind == "map" and isinstance(value, dict):
+        return {k: parse_input(v, shape.value) for k, v in value.items()}
+    if kind == "timestamp" and isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC)
+    return value
+
+
+def validate(op_name: str, params: dict) -> dict:
+    """The request, checked against the operation's input shape; ValidationException if not."""
+    op = operation(op_name)
+    shape = op.input_shape
+    params = parse_input(params, shape)
+    report = ParamValidator().validate(params, shape)
+    if report.has_errors():
+        raise ApiError("ValidationException", report.generate_report())
+    problems = _constraints(params, shape, op_name)
+    if problems:
+        raise ApiError("ValidationException", "; ".join(problems))
+    return params
+
+
+def _constraints(value, shape, path: str) -> list[str]:
+    """What ParamValidator leaves to the service: enums and patterns."""
+    out: list[str] = []
+    if shape is None or value is None:
+        return out
+    kind = shape.type_name
+    if kind == "structure" and isinstance(value, dict):
+        for k, v in value.items():
+            if k in shape.members:
+                out += _constraints(v, shape.members[k], f"{path}.{k}")
+    elif kind == "list" and isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _constraints(v, shape.member, f"{path}[{i}]")
+    elif kind == "map" and isinstance(value, dict):
+        for k, v in value.items():
+            out += _constraints(v, shape.value, f"{path}.{k}")
+    elif kind == "string" and isinstance(value, str):
+        if shape.enum and value not in shape.enum:
+            out.append(
+                f"Value {value!r} at {path!r} failed to satisfy constraint: Member must "
+                f"satisfy enum value set: {list(shape.enum)}"
+            )
+        pattern = shape.metadata.get("pattern")
+        if pattern and _pattern(pattern) and not _pattern(pattern).fullmatch(value):
+            out.append(
+                f"Value {value!r} at {path!r} failed to satisfy constraint: Member must "
+                f"satisfy regular expression pattern: {pattern}"
+            )
+    return out
+
+
+@cache
+def _pattern(pattern: str):
+    try:
+        return re.compile(pattern)
+    except re.error:  # a few Java-only constructs: not checked here
+        return None
+
+
+def render(value, shape):
+    """A value in the output shape: unknown members dropped, timestamps as epoch seconds."""
+    if shape is None or value is None:
+        return None
+    kind = shape.type_name
+    if kind == "structure":
+        if not isinstance(value, dict):
+            return None
+        out = {}
+        for name, member in shape.members.items():
+            if name in value and value[name] is not None:
+                rendered = render(value[name], member)
+                if rendered is not None:
+                    out[name] = rendered
+        return out
+    if kind == "list":
+        return [render(v, shape.member) for v in value]
+    if kind == "map":
+        return {k: render(v, shape.value) for k, v in value.items()}
+    if kind == "timestamp":
+        return value.timestamp() if isinstance(value, datetime) else float(value)
+    if kind in ("integer", "long"):
+        return int(value)
+    if kind in ("float", "double"):
+        return float(value)
+    if kind == "boolean":
+        return bool(value)
+    return value
+
+
+def output(op_name: str, doc: dict) -> dict:
+    return render(doc, operation(op_name).output_shape) or {}
+
+
+def member_shape(op_name: str, *path: str):
+    """The shape at a path inside an operation's output (e.g. a List call's summary item)."""
+    shape = operation(op_name).output_shape
+    for step in path:
+        shape = shape.member if step == "[]" else shape.members[step]
+    return shape

@@ -1,0 +1,320 @@
+"""LocalStack: template.yaml deployed and running on this machine, from one state folder.
+
+start(): moto's backends come back from the last snapshot, the gateway serves them (and the local
+SageMaker, runtime, Lambda and EventBridge answers) on one port, the template is deployed (or
+re-converged), and the pollers, schedules, execution events and endpoints start. stop(): every
+process ends, and the state is written, so the next start carries on where this one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+from . import ACCOUNT, REGION
+from .deploy import Deployer, Deployment
+from .events import Bus, Poller, Scheduler, Watcher, event
+from .lambdas import Functions
+from .template import samconfig_overrides, transform
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT_EVERY_S = 10
+log = logging.getLogger("sluice.local")
+
+
+class EventLog:
+    """Every event, invocation and job as it happens: on the console and in logs/events.log."""
+
+    def __init__(self, path: Path, out=None):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the stack's life)
+        self.out = out
+        self.lock = threading.Lock()
+
+    def __call__(self, category: str, message: str) -> None:
+        line = f"{datetime.now():%H:%M:%S} {category:<10} {message}"
+        with self.lock:
+            self.file.write(line + "\n")
+            self.file.flush()
+            if self.out is not None:
+                self.out.write(line + "\n")
+                self.out.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class LocalStack:
+    def __init__(
+        self,
+        state_dir: Path,
+        port: int = 5055,
+        host: str = "127.0.0.1",
+        template: Path = REPO / "template.yaml",
+        overrides: dict[str, str] | None = None,
+        config_env: str = "local",
+        out=sys.stdout,
+    ):
+        self.dir = Path(state_dir).resolve()
+        self.host, self.port = host, port
+        self.template = Path(template)
+        self.overrides = {
+            **samconfig_overrides(self.template.parent / "samconfig.toml", config_env),
+            **(overrides or {}),
+        }
+        self.out = out
+        self.deployment = Deployment()
+        self._clients: dict[str, object] = {}
+        self._closing = threading.Event()
+        self.server = None
+
+    # --- wiring ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def client(self, service: str):
+        if service not in self._clients:
+            import boto3
+            from botocore.config import Config
+
+            self._clients[service] = boto3.client(
+                service,
+                endpoint_url=self.url,
+                region_name=REGION,
+                aws_access_key_id="local",
+                aws_secret_access_key="local",
+                config=Config(retries={"max_attempts": 2}, read_timeout=120),
+            )
+        return self._clients[service]
+
+    def start(self) -> LocalStack:
+        from moto.core.config import default_user_config
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        from . import moto_fixes, persist
+        from .gateway import Gateway
+        from .sagemaker import jobs
+        from .sagemaker.api import LocalSageMaker
+        from .sagemaker.endpoints import EndpointRunner
+        from .sagemaker.runtime import Context
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for noisy in ("botocore", "boto3", "urllib3", "werkzeug"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        # moto's interpreter logs every optional JSONPath it finds absent as an ERROR: what goes
+        # wrong in an execution is in its history (and the event log), not there
+        logging.getLogger("moto").setLevel(logging.CRITICAL)
+        self.say = EventLog(self.dir / "logs" / "events.log", self.out)
+        default_user_config["stepfunctions"]["execute_state_machine"] = True
+        moto_fixes.apply()
+        aborted = persist.restore(self.dir / "moto.pickle")
+
+        class Quiet(MotoRequestHandler):
+            def log_request(self, *args) -> None:  # the event log says what matters
+                return None
+
+        app = Gateway(self, DomainDispatcherApplication(create_backend_app))
+        self.server = make_server(self.host, self.port, app, threaded=True, request_handler=Quiet)
+        self.port = self.server.server_address[1]
+        # what the SDKs in this process (the functions, Step Functions' tasks) talk to
+        os.environ.update(
+            AWS_ENDPOINT_URL=self.url,
+            MOTO_PORT=str(self.port),
+            AWS_ACCESS_KEY_ID="local",
+            AWS_SECRET_ACCESS_KEY="local",
+            AWS_DEFAULT_REGION=REGION,
+            AWS_REGION=REGION,
+        )
+        os.environ.pop("AWS_PROFILE", None)
+        self.base_env = dict(os.environ)
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="gateway").start()
+
+        self.functions = Functions(
+            {}, self.base_env, self.dir / "logs" / "functions", self.say, self.client
+        )
+        self.bus = Bus(self.client, self.functions, self.say)
+        self.sagemaker = LocalSageMaker(self.dir / "sagemaker", self._sagemaker_event)
+        ctx = Context(self.dir / "sagemaker", self.url, self.base_env, self.say)
+        self.jobs = [
+            jobs.TrainingRunner(self.sagemaker, ctx),
+            jobs.TransformRunner(self.sagemaker, ctx),
+            jobs.ProcessingRunner(self.sagemaker, ctx),
+            jobs.CompilationRunner(self.sagemaker, ctx),
+        ]
+        for runner in self.jobs:
+            self.sagemaker.runners[runner.kind] = runner
+        self.endpoints = EndpointRunner(self.sagemaker, ctx, self._alarm_states)
+        self.sagemaker.runners["Endpoint"] = self.endpoints
+
+        self.deploy()
+        self.pollers = [
+            Poller(s, self.client, self.functions, self.say)
+            for s in self.deployment.event_sources
+            if s.enabled
+        ]
+        self.scheduler = Scheduler(self.client, self.functions, self.say)
+        self.watcher = Watcher(self.client, self.bus, self.say)
+        # what the last stop interrupted: executions cannot resume (their ABORTED event goes
+        # out, so the failure rule reports them); jobs and endpoints carry on
+        for arn in aborted:
+            self.watcher.publish(arn)
+        for job in jobs.resume(self.jobs):
+            self.say("job", f"{job} was running when the stack stopped: running it again")
+        self.endpoints.restore()
+        threading.Thread(target=self._snapshots, daemon=True, name="snapshots").start()
+        self.banner()
+        return self
+
+    def deploy(self) -> Deployment:
+        previous_file = self.dir / "deployment.json"
+        previous = json.loads(previous_file.read_text()) if previous_file.exists() else None
+        t = transform(self.template, self.overrides)
+        stage = str(t.parameters.get("Stage", "local"))
+        self.stage = stage
+        self.deployment = Deployer(t, self.client, f"sluice-{stage}", previous).deploy()
+        self.functions.specs.update(self.deployment.functions)
+        previous_file.write_text(json.dumps(self.deployment.to_json(), indent=1, default=str))
+        return self.deployment
+
+    def _sagemaker_event(self, detail_type: str, detail: dict) -> None:
+        self.bus.put(event("aws.sagemaker", detail_type, detail))
+
+    def _alarm_states(self, names: list[str]) -> dict[str, str]:
+        alarms = self.client("cloudwatch").describe_alarms(AlarmNames=names)["MetricAlarms"]
+        return {a["AlarmName"]: a["StateValue"] for a in alarms}
+
+    def _snapshots(self) -> None:
+        from . import persist
+
+        while not self._closing.wait(SNAPSHOT_EVERY_S):
+            try:
+                persist.snapshot(self.dir / "moto.pickle")
+            except Exception as e:  # the next one (or the one at stop) will do
+                self.say("state", f"snapshot failed: {e}")
+
+    # --- what the gateway and the CLI show ------------------------------------------------------
+
+    def notify(self, topic: str, subject: str, message: str) -> None:
+        with open(self.dir / "logs" / "notifications.jsonl", "a", encoding="utf-8") as f:
+            f.write(
+                json.dumps(
+                    {"time": time.time(), "topic": topic, "subject": subject, "message": message}
+                )
+                + "\n"
+            )
+        self.say("sns", f"{topic}: {subject or message[:100]}")
+
+    def notifications(self) -> list[dict]:
+        path = self.dir / "logs" / "notifications.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def function_configurations(self) -> list[dict]:
+        return [
+            {
+                "FunctionName": s.name,
+                "FunctionArn": s.arn,
+                "Runtime": "python3.11",
+                "Handler": s.handler,
+                "Timeout": s.timeout_s,
+                "MemorySize": s.memory_mb,
+                "Environment": {"Variables": s.environment},
+            }
+            for s in self.functions.specs.values()
+        ]
+
+    def status(self) -> dict:
+        return {
+            "endpoint": self.url,
+            "state": str(self.dir),
+            "account": ACCOUNT,
+            "region": REGION,
+            "outputs": self.deployment.outputs,
+            "functions": sorted(self.functions.specs),
+            "eventSources": [
+                {
+                    "queue": s.queue_arn.rsplit(":", 1)[1],
+                    "function": s.function,
+                    "batchSize": s.batch_size,
+                    "windowSeconds": s.window_s,
+                }
+                for s in self.deployment.event_sources
+            ],
+            "schedules": [s["Name"] for s in self.scheduler.schedules()],
+            "notCreated": self.deployment.skipped,
+        }
+
+    def banner(self) -> None:
+        o = self.deployment.outputs
+        lines = [
+            f"Sluice is running locally: {self.template.name}, stage {self.stage}, "
+            f"state in {self.dir}",
+            f"  endpoint     {self.url}",
+            f"  credentials  export AWS_ENDPOINT_URL={self.url} AWS_ACCESS_KEY_ID=local "
+            f"AWS_SECRET_ACCESS_KEY=local AWS_DEFAULT_REGION={REGION}",
+        ]
+        if "DataBucketName" in o:
+            lines += [
+                f"  data bucket  s3://{o['DataBucketName']}/  (prompts under incoming/, "
+                "training text under training/)"
+            ]
+        lines += [
+            f"  functions    {', '.join(sorted(self.functions.specs))}",
+            f"  schedules    {', '.join(s['Name'] for s in self.scheduler.schedules())} "
+            "(on demand: sluice local schedule NAME)",
+        ]
+        by_reason: dict[tuple[str, str], list[str]] = {}
+        for s in self.deployment.skipped:
+            by_reason.setdefault((s["type"], s["why"]), []).append(s["id"])
+        for (kind, why), ids in by_reason.items():
+            lines.append(f"  not created  {len(ids)} {kind} ({', '.join(ids)}): {why}")
+        for line in lines:
+            self.say("stack", line)
+
+    # --- stopping -------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        from . import persist
+        from .sagemaker.jobs import wait_idle
+
+        self._closing.set()
+        self.say("stack", "stopping: ending jobs and endpoints, writing the state")
+        for p in self.pollers:
+            p.close()
+        self.scheduler.close()
+        self.watcher.close()
+        self.bus.drain(10)
+        self.bus.close()
+        self.functions.close()
+        # jobs keep their InProgress record: the next start reports them interrupted (Failed)
+        for runner in self.jobs:
+            runner.shutdown()
+        wait_idle(self.jobs, 30)
+        self.endpoints.shutdown()
+        persist.snapshot(self.dir / "moto.pickle")
+        self.sagemaker.save()
+        self.server.shutdown()
+        self.server.server_close()
+        self.say("stack", f"stopped; `sluice local up --state {self.dir}` carries on from here")
+        self.say.close()
+
+    def wait_forever(self) -> None:
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass

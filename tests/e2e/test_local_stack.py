@@ -1,0 +1,340 @@
+"""Local Sluice end to end: `sluice local up` as a user runs it, driven with boto3 and the
+SageMaker Python SDK over its one endpoint.
+
+The flows build on each other, in order, on one stack (as a team's day would): new training
+data trains and promotes a first model; uploads become predictions beside a _SUCCESS.json (and a
+failing file a _FAILURE.json and a notification); the endpoint answers boto3 and the SDK; drift
+retrains and swaps the model, and batch then uses it; a restart keeps everything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from sluice.corpus import generate
+from sluice_local.demo import Users
+from tests.helpers import hp
+
+pytestmark = pytest.mark.slow
+
+# small enough for CI's two cores; the template's other local values come from samconfig.toml
+TRAINING = hp(max_steps=60, n_positions=64, block_size=32, vocab_size=384)
+OVERRIDES = [f"TrainingHyperparameters={json.dumps(TRAINING)}", "EdgeSequenceLength=32"]
+
+
+class Local:
+    """One `sluice local up` process and what its users hold."""
+
+    def __init__(self, state: Path):
+        self.state = state
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Local:
+        ready = self.state / "ready.json"
+        ready.unlink(missing_ok=True)
+        self.log = open(self.state.parent / "local-up.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "local",
+                "up",
+                "--state",
+                str(self.state),
+                "--port",
+                "0",
+                "--ready-file",
+                str(ready),
+                "--parameter-overrides",
+                *OVERRIDES,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        )
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert self.proc.poll() is None, f"local up exited: {self.tail()}"
+            assert time.monotonic() < deadline, f"local up not ready: {self.tail()}"
+            time.sleep(0.5)
+        self.status = json.loads(ready.read_text())
+        self.endpoint = self.status["endpoint"]
+        self.users = Users(self.client, self.status["outputs"], self.state / "logs")
+        return self
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        rc = self.proc.wait(timeout=120)
+        self.log.close()
+        return rc
+
+    def client(self, service: str):
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
+            config=Config(retries={"max_attempts": 2}),
+        )
+
+    def tail(self) -> str:
+        return (self.state.parent / "local-up.log").read_text(errors="replace")[-3000:]
+
+    def events(self) -> str:
+        return (self.state / "logs" / "events.log").read_text()
+
+    def execution(self, name_prefix: str) -> dict:
+        sfn = self.client("stepfunctions")
+        arn = self.status["outputs"]["RetrainStateMachineArn"]
+        for ex in sfn.list_executions(stateMachineArn=arn)["executions"]:
+            if ex["name"].startswith(name_prefix):
+                return sfn.describe_execution(executionArn=ex["executionArn"])
+        raise AssertionError(f"no execution {name_prefix}*")
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    state = tmp_path_factory.mktemp("local") / "state"
+    state.mkdir()
+    stack = Local(state).start()
+    yield stack
+    if stack.proc.poll() is None:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def champion(local) -> str:
+    """New training data -> retrain -> the first model, promoted (flow 2's first half)."""
+    users = local.users
+    for i in (1, 2):  # RetrainMinObjects=2 locally
+        users.put(f"training/animals-{i}.txt", generate(1500, seed=i))
+    name = users.wait_for("the first promotion", users.champion, 900)
+    # its drift baseline (started after the swap) is what drift checks compare with
+    users.wait_for(
+        "the champion's baseline",
+        lambda: users.keys(f"monitoring/baseline/{name}/statistics.json"),
+        300,
+    )
+    return name
+
+
+def test_new_training_data_trains_and_promotes_a_first_model(local, champion):
+    ex = local.execution("new-data-")
+    assert ex["status"] == "SUCCEEDED", ex
+    out = json.loads(ex["output"])
+    assert out["outcome"] == "promoted" and out["trainingJob"] == champion
+    sm = local.client("sagemaker")
+    job = sm.describe_training_job(TrainingJobName=champion)
+    assert job["TrainingJobStatus"] == "Completed"
+    assert {m["MetricName"] for m in job["FinalMetricDataList"]} >= {
+        "gate_challenger",
+        "train_loss",
+    }
+    assert [c["ChannelName"] for c in job["InputDataConfig"]] == ["train"]
+    endpoint = sm.describe_endpoint(EndpointName=local.users.endpoint)
+    assert endpoint["EndpointStatus"] == "InService"
+    assert endpoint["EndpointConfigName"] == champion
+    [package] = sm.list_model_packages(
+        ModelPackageGroupName=local.status["outputs"]["ModelPackageGroupName"]
+    )["ModelPackageSummaryList"]
+    assert package["ModelApprovalStatus"] == "Approved"
+    edge = sm.describe_compilation_job(CompilationJobName=champion)
+    assert edge["CompilationJobStatus"] == "COMPLETED"
+    assert edge["ModelArtifacts"]["S3ModelArtifacts"].endswith("model-ml_c5.tar.gz")
+
+
+def test_uploads_become_predictions_beside_a_success_report(local, champion):
+    users = local.users
+    prompts = [
+        {"id": f"p{i}", "text": t, "parameters": {"max_new_tokens": 4}}
+        for i, t in enumerate(["The lazy cat eats", "In the desert there is often"])
+    ]
+    users.put("incoming/team-a/prompts.jsonl", [json.dumps(p) for p in prompts] + ["{oops"])
+    users.put("incoming/team-a/notes.txt", ["Every horse likes", "Anna gave the dog some"])
+    reports = users.wait_for_reports(["incoming/team-a/prompts.jsonl", "incoming/team-a/notes.txt"])
+    # one batching window, one job per content type: JSON Lines, and plain text (a prompt a line)
+    by_file = {r["inputs"][0].rsplit("/", 1)[1]: r for r in reports.values()}
+    assert sorted(by_file) == ["notes.txt", "prompts.jsonl"]
+    for report in by_file.values():
+        assert report["status"] == "Completed" and report["model"] == champion
+    assert (by_file["prompts.jsonl"]["records"], by_file["prompts.jsonl"]["error_lines"]) == (3, 1)
+    assert (by_file["notes.txt"]["records"], by_file["notes.txt"]["error_lines"]) == (2, 0)
+    out = by_file["prompts.jsonl"]["outputs"][0]["output"].split("/", 3)[3]
+    lines = [json.loads(x) for x in users.read(out).splitlines()]
+    assert [x.get("id") for x in lines] == ["p0", "p1", None]  # one line per input, in order
+    assert lines[0]["generated_text"] and lines[2]["error"]["code"] == "invalid_json"
+
+
+def test_a_failing_file_gets_a_failure_report_and_a_notification(local, champion):
+    users = local.users
+    huge = json.dumps({"text": "x " * (600 * 1024)})  # one record over MaxPayloadInMB=1
+    users.put("incoming/team-a/huge.jsonl", [huge])
+    [report] = users.wait_for_reports(["incoming/team-a/huge.jsonl"]).values()
+    assert report["status"] == "Failed" and "MaxPayloadInMB" in report["reason"]
+    notes = json.loads(_get(local.endpoint, "/_sluice/notifications"))
+    assert any(n["subject"].startswith("Sluice transform failed") for n in notes)
+
+
+def test_the_endpoint_answers_boto3_and_the_sagemaker_sdk(local, champion):
+    from sagemaker.core.resources import Endpoint, TrainingJob
+
+    [answer] = local.users.invoke(
+        [{"text": "The lazy cat eats", "parameters": {"max_new_tokens": 3}}]
+    )
+    assert answer["task"] == "generate" and answer["tokens"] >= 1
+    session = boto3.Session(
+        aws_access_key_id="local", aws_secret_access_key="local", region_name="us-east-1"
+    )
+    os.environ["AWS_ENDPOINT_URL"] = local.endpoint  # the SDK's clients honour it, as boto3's do
+    try:
+        ep = Endpoint.get(local.users.endpoint, session=session)
+        assert ep.endpoint_status == "InService"
+        out = ep.invoke(
+            body=json.dumps({"text": "Every horse likes", "task": "next_token"}),
+            content_type="application/jsonlines",
+            accept="application/jsonlines",
+        )
+        assert json.loads(out.body.read())["next_tokens"]
+        job = TrainingJob.get(champion, session=session)
+        assert job.training_job_status == "Completed" and job.model_artifacts.s3_model_artifacts
+    finally:
+        del os.environ["AWS_ENDPOINT_URL"]
+
+
+def test_eventbridge_rules_deliver_to_queues_and_state_machines(local):
+    """PutEvents goes through the rules in (local) EventBridge to every kind of target."""
+    sfn, sqs, events = (local.client(s) for s in ("stepfunctions", "sqs", "events"))
+    definition = {"StartAt": "Echo", "States": {"Echo": {"Type": "Pass", "End": True}}}
+    machine = sfn.create_state_machine(
+        name="echo",
+        definition=json.dumps(definition),
+        roleArn="arn:aws:iam::123456789012:role/echo",
+    )["stateMachineArn"]
+    queue = sqs.create_queue(QueueName="seen")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    pattern = {"source": ["sluice.tests"], "detail": {"n": [{"numeric": [">", 1]}]}}
+    events.put_rule(Name="tests", EventPattern=json.dumps(pattern))
+    events.put_targets(
+        Rule="tests", Targets=[{"Id": "sfn", "Arn": machine}, {"Id": "q", "Arn": queue_arn}]
+    )
+    for n in (1, 2):  # only the second matches the pattern
+        events.put_events(
+            Entries=[{"Source": "sluice.tests", "DetailType": "t", "Detail": json.dumps({"n": n})}]
+        )
+    done = local.users.wait_for(
+        "the execution",
+        lambda: [
+            e
+            for e in sfn.list_executions(stateMachineArn=machine)["executions"]
+            if e["status"] == "SUCCEEDED"
+        ],
+        60,
+    )
+    assert len(done) == 1
+    out = json.loads(sfn.describe_execution(executionArn=done[0]["executionArn"])["output"])
+    assert out["detail"] == {"n": 2} and out["source"] == "sluice.tests"
+    [msg] = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=5)["Messages"]
+    assert json.loads(msg["Body"])["detail"] == {"n": 2}
+
+
+def test_drift_retrains_and_swaps_the_model_that_batch_then_uses(local, champion):
+    users = local.users
+    # new text arrives: one file is not enough to retrain by itself (RetrainMinObjects=2)...
+    users.put("training/kitchen-1.txt", generate(2000, seed=7, topic="kitchen"))
+    # ...and a batch of prompts like it: the drift check (asked to run now) flags it
+    kitchen = [
+        json.dumps(
+            {"id": f"k{i}", "text": " ".join(t.split()[:4]), "parameters": {"max_new_tokens": 4}}
+        )
+        for i, t in enumerate(generate(150, seed=8, topic="kitchen"))
+    ]
+    users.put("incoming/team-b/kitchen.jsonl", kitchen)
+    users.wait_for_reports(["incoming/team-b/kitchen.jsonl"])
+    uploaded = time.monotonic()
+    check = users.check_drift_now()
+    assert check["outcome"] == "started", check
+    new = users.wait_for(
+        "the drift retrain's promotion",
+        lambda: (lambda c: c if c != champion else None)(users.champion()),
+        900,
+    )
+    ex = local.execution("drift-")
+    out = json.loads(ex["output"])
+    assert (
+        out["trigger"] == "drift" and out["outcome"] == "promoted" and out["champion"] == champion
+    )
+    violations = json.loads(
+        users.read(f"monitoring/{check['job']}/output/constraint_violations.json")
+    )
+    assert {v["feature_name"] for v in violations["violations"]} >= {"byte_fallback_rate"}
+    # blue/green: UpdateEndpoint (canary), and the endpoint serves the new config
+    endpoint = local.client("sagemaker").describe_endpoint(EndpointName=users.endpoint)
+    assert endpoint["EndpointConfigName"] == new
+    policy = endpoint["LastDeploymentConfig"]["BlueGreenUpdatePolicy"]
+    assert policy["TrafficRoutingConfiguration"]["Type"] == "CANARY"
+    assert "Updating to" in local.events() and "canary:" in local.events()
+    # batch uses the new model (start_transform caches the SSM parameter up to 60 s, as on Lambda)
+    time.sleep(max(0.0, 61 - (time.monotonic() - uploaded)))
+    users.put("incoming/team-b/after.jsonl", kitchen[:3])
+    [report] = users.wait_for_reports(["incoming/team-b/after.jsonl"]).values()
+    assert report["status"] == "Completed" and report["model"] == new
+
+
+def test_a_restart_keeps_buckets_models_and_history(local, champion):
+    users = local.users
+    before = {
+        "objects": sorted(users.keys("")),
+        "champion": users.champion(),
+        "executions": _executions(local),
+        "notifications": len(json.loads(_get(local.endpoint, "/_sluice/notifications"))),
+    }
+    assert local.stop() == 0
+    local.start()
+    users = local.users
+    assert set(before["objects"]) <= set(users.keys(""))
+    assert users.champion() == before["champion"]
+    assert _executions(local) == before["executions"]
+    assert (
+        len(json.loads(_get(local.endpoint, "/_sluice/notifications"))) >= before["notifications"]
+    )
+    sm = local.client("sagemaker")
+    users.wait_for(
+        "the endpoint back in service",
+        lambda: sm.describe_endpoint(EndpointName=users.endpoint)["EndpointStatus"] == "InService",
+        180,
+    )
+    [answer] = users.invoke([{"text": "Heat the oven to", "parameters": {"max_new_tokens": 3}}])
+    assert answer["task"] == "generate"
+    history = local.client("stepfunctions").get_execution_history(
+        executionArn=local.execution("drift-")["executionArn"], maxResults=1000
+    )["events"]
+    assert history[-1]["type"] == "ExecutionSucceeded"
+
+
+def _executions(local) -> list[tuple[str, str]]:
+    sfn = local.client("stepfunctions")
+    arn = local.status["outputs"]["RetrainStateMachineArn"]
+    return sorted(
+        (e["name"], e["status"]) for e in sfn.list_executions(stateMachineArn=arn)["executions"]
+    )
+
+
+def _get(endpoint: str, path: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(endpoint + path, timeout=30) as r:
+        return r.read().decode()
