@@ -1,0 +1,1 @@
+"""The local SageMaker: control plane (api, shapes), jobs, endpoints."""
