@@ -71,6 +71,16 @@ class Deployment:
         return {"resources": self.resources, "skipped": self.skipped, "outputs": self.outputs}
 
 
+def send_to(client, arn: str, body: str, **attributes) -> None:
+    """Deliver a message to an SQS queue or SNS topic named by its ARN (targets, DLQs)."""
+    name = arn.rsplit(":", 1)[1]
+    if ":sqs:" in arn:
+        url = client("sqs").get_queue_url(QueueName=name)["QueueUrl"]
+        client("sqs").send_message(QueueUrl=url, MessageBody=body, **attributes)
+    else:
+        client("sns").publish(TopicArn=arn, Message=body)
+
+
 # Types whose job the local stack does without creating anything.
 RECORDED_ONLY = {
     "AWS::Lambda::Permission": "invocation permissions: IAM is not enforced locally",

@@ -23,7 +23,7 @@ from calendar import monthrange
 from datetime import UTC, datetime
 
 from . import ACCOUNT, REGION
-from .deploy import EventSource
+from .deploy import EventSource, send_to
 
 
 def event(source: str, detail_type: str, detail: dict, resources: list[str] | None = None) -> dict:
@@ -103,13 +103,8 @@ class Bus:
             try:
                 if service == "lambda":
                     self.functions.invoke_async(arn, payload, source="EventBridge")
-                elif service == "sqs":
-                    url = self.client("sqs").get_queue_url(QueueName=arn.rsplit(":", 1)[1])[
-                        "QueueUrl"
-                    ]
-                    self.client("sqs").send_message(QueueUrl=url, MessageBody=json.dumps(payload))
-                elif service == "sns":
-                    self.client("sns").publish(TopicArn=arn, Message=json.dumps(payload))
+                elif service in ("sqs", "sns"):
+                    send_to(self.client, arn, json.dumps(payload))
                 elif service == "states":
                     self.client("stepfunctions").start_execution(
                         stateMachineArn=arn, name=str(uuid.uuid4()), input=json.dumps(payload)
@@ -124,10 +119,7 @@ class Bus:
                 dlq = (target.get("DeadLetterConfig") or {}).get("Arn")
                 self.say("event", f"target {arn} failed: {e}" + (f"; sent to {dlq}" if dlq else ""))
                 if dlq:
-                    url = self.client("sqs").get_queue_url(QueueName=dlq.rsplit(":", 1)[1])[
-                        "QueueUrl"
-                    ]
-                    self.client("sqs").send_message(QueueUrl=url, MessageBody=json.dumps(payload))
+                    send_to(self.client, dlq, json.dumps(payload))
 
     def drain(self, timeout_s: float = 10) -> None:
         deadline = time.monotonic() + timeout_s

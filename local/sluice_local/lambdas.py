@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import REGION
-from .deploy import FunctionSpec
+from .deploy import FunctionSpec, send_to
 
 ASYNC_RETRY_DELAYS_S = (5, 10)  # Lambda retries async errors twice (after ~1 and ~2 minutes)
 
@@ -49,7 +49,8 @@ class Context:
 
 
 class _Output(io.TextIOBase):
-    """sys.stdout for the whole process: an invocation's thread writes to its own capture."""
+    """sys.stdout (and stderr) for the whole process: an invocation's thread writes to its own
+    capture, so the function's log holds what it printed, logged and warned."""
 
     def __init__(self, real):
         self.real = real
@@ -90,7 +91,9 @@ class Functions:
         self.closed = threading.Event()
         if not isinstance(sys.stdout, _Output):
             sys.stdout = _Output(sys.stdout)
-        self.output: _Output = sys.stdout  # type: ignore[assignment]
+        if not isinstance(sys.stderr, _Output):
+            sys.stderr = _Output(sys.stderr)
+        self.streams: tuple[_Output, _Output] = (sys.stdout, sys.stderr)  # type: ignore[assignment]
         self.worker = threading.Thread(target=self._async_loop, daemon=True, name="lambda-async")
         self.worker.start()
 
@@ -125,7 +128,8 @@ class Functions:
         with self.lock:
             saved = dict(os.environ)
             os.environ.update(self.lambda_env(spec))
-            self.output.local.sink = captured
+            for stream in self.streams:
+                stream.local.sink = captured
             t0 = time.perf_counter()
             cold = spec.name not in self.handlers
             try:
@@ -143,7 +147,8 @@ class Functions:
                 )
             finally:
                 duration = (time.perf_counter() - t0) * 1000
-                self.output.local.sink = None
+                for stream in self.streams:
+                    stream.local.sink = None
                 for k in set(os.environ) - set(saved):
                     del os.environ[k]
                 os.environ.update(saved)
@@ -219,26 +224,12 @@ class Functions:
                 self.say("lambda", f"{spec.name}: event dropped after 3 attempts (no DLQ)")
 
     def _dead_letter(self, spec: FunctionSpec, event: object, error: dict) -> None:
-        arn = spec.dead_letter_arn
-        if ":sqs:" in arn:
-            name = arn.rsplit(":", 1)[1]
-            url = self.client("sqs").get_queue_url(QueueName=name)["QueueUrl"]
-            self.client("sqs").send_message(
-                QueueUrl=url,
-                MessageBody=json.dumps(event),
-                MessageAttributes={
-                    "ErrorMessage": {
-                        "DataType": "String",
-                        "StringValue": error["errorMessage"][:256],
-                    },
-                    "RequestID": {"DataType": "String", "StringValue": str(uuid.uuid4())},
-                },
-            )
-        else:
-            self.client("sns").publish(TopicArn=arn, Message=json.dumps(event))
-        self.say(
-            "lambda", f"{spec.name}: event sent to its dead-letter queue {arn.rsplit(':', 1)[1]}"
-        )
+        """Lambda's dead-letter message: the event, and why it failed in attributes (SQS)."""
+        why = {"ErrorMessage": {"DataType": "String", "StringValue": error["errorMessage"][:256]}}
+        attributes = {"MessageAttributes": why} if ":sqs:" in spec.dead_letter_arn else {}
+        send_to(self.client, spec.dead_letter_arn, json.dumps(event), **attributes)
+        name = spec.dead_letter_arn.rsplit(":", 1)[1]
+        self.say("lambda", f"{spec.name}: event sent to its dead-letter queue {name}")
 
     def close(self) -> None:
         self.closed.set()
