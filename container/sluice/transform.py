@@ -179,7 +179,7 @@ def gunzip(body: bytes, uri: str) -> bytes:
 
 
 def capture_manifests(storage: Storage, capture_uri: str, inputs: list[tuple[str, str]],
-                      results: list[FileResult], output_uri: str) -> list[str]:  # fmt: skip
+                      results: list[FileResult], output_uri: str) -> None:  # fmt: skip
     """Batch data capture as SageMaker writes it: manifests of the job's input objects and of
     its outputs (not copies) under <capture>/input/ and <capture>/output/, by hour."""
     import uuid
@@ -189,7 +189,6 @@ def capture_manifests(storage: Storage, capture_uri: str, inputs: list[tuple[str
     name = f"{uuid.uuid4()}.json"
     base = capture_uri.rstrip("/")
     in_prefix = inputs[0][0][: len(inputs[0][0]) - len(inputs[0][1])] if inputs else ""
-    written = []
     docs = {
         "input": [{"prefix": in_prefix}, *[rel for _, rel in inputs]],
         "output": [{"prefix": output_uri.rstrip("/") + "/"},
@@ -197,10 +196,7 @@ def capture_manifests(storage: Storage, capture_uri: str, inputs: list[tuple[str
                      if r.output]],
     }  # fmt: skip
     for kind, doc in docs.items():
-        uri = f"{base}/{kind}/{hour}/{name}"
-        storage.write(uri, json.dumps(doc).encode())
-        written.append(uri)
-    return written
+        storage.write(f"{base}/{kind}/{hour}/{name}", json.dumps(doc).encode())
 
 
 def join_input(inputs: list[bytes], outputs: list[bytes], content_type: str) -> list[bytes]:

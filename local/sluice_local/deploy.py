@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +22,6 @@ from botocore.exceptions import ClientError, ParamValidationError
 
 from . import ACCOUNT, REGION
 from .template import Resolver, TemplateError, Transformed, Unresolved, substitute
-
-log = logging.getLogger("sluice.local.deploy")
 
 
 @dataclass

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import importlib
 import io
-import logging
 import pickle
 import threading
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
-
-log = logging.getLogger("sluice.local.persist")
 
 # (module, attribute) of every backend the local stack uses.
 BACKENDS = [

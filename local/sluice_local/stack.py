@@ -25,7 +25,6 @@ from .template import samconfig_overrides, transform
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT_EVERY_S = 10
-log = logging.getLogger("sluice.local")
 
 
 class EventLog:
