@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
@@ -107,7 +107,8 @@ def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatc
     expected = [*endpoint_keys, "incoming/team-a/a.jsonl", "incoming/team-a/b.jsonl",
                 "outputs/sluice-dev-job1/a.jsonl.out"]  # fmt: skip
     assert out["outcome"] == "started" and out["objects"] == len(expected)
-    assert out["job"] == f"sluice-dev-monitor-{boundary.replace(hour=now.hour):%Y%m%d%H}00"
+    # named for the window's start: the hour before the boundary (crosses midnight correctly)
+    assert out["job"] == f"sluice-dev-monitor-{boundary - timedelta(hours=1):%Y%m%d%H}00"
     job = boto3.client("sagemaker", region_name=REGION).describe_processing_job(
         ProcessingJobName=out["job"])  # fmt: skip
     inputs = {i["InputName"]: i["S3Input"] for i in job["ProcessingInputs"]}
@@ -127,7 +128,7 @@ def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatc
     later = boundary.replace(minute=30)
     freeze(monkeypatch, aws["module"], later)
     asked = aws["handler"]({"end": "now"}, Context())
-    assert asked["job"] == f"sluice-dev-monitor-{later.replace(hour=now.hour):%Y%m%d%H%M}"
+    assert asked["job"] == f"sluice-dev-monitor-{later - timedelta(hours=1):%Y%m%d%H%M}"
 
 
 def test_no_baseline_yet_is_reported_not_silently_skipped(aws):
