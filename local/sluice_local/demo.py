@@ -89,11 +89,20 @@ class Users:
 
         return self.wait_for(f"the reports of {', '.join(inputs)}", covering)
 
-    def last_execution(self) -> dict:
+    def finished_execution(self, name_prefix: str = "", timeout_s: float = 300) -> dict:
+        """The newest retrain execution (named so), once it has ended: batch moves to a new
+        model (the SSM parameter) a few states before the execution reports and ends."""
         sfn = self.client("stepfunctions")
         arn = self.outputs["RetrainStateMachineArn"]
-        ex = sfn.list_executions(stateMachineArn=arn, maxResults=1)["executions"][0]
-        return sfn.describe_execution(executionArn=ex["executionArn"])
+
+        def ended() -> dict | None:
+            found = [e for e in sfn.list_executions(stateMachineArn=arn)["executions"]
+                     if e["name"].startswith(name_prefix)]  # fmt: skip
+            if not found or found[0]["status"] == "RUNNING":
+                return None
+            return sfn.describe_execution(executionArn=found[0]["executionArn"])
+
+        return self.wait_for(f"the end of execution {name_prefix}*", ended, timeout_s)
 
     def check_drift_now(self) -> dict:
         """What an operator does rather than wait for the hourly check."""
@@ -180,7 +189,7 @@ def story(users: Users, notifications) -> None:
         "gates it, registers it, creates the endpoint and points batch inference at it"
     )
     champion = users.wait_for("the first model's promotion", users.champion, 1200)
-    out = json.loads(users.last_execution()["output"])
+    out = json.loads(users.finished_execution()["output"])
     say(f"promoted {champion}: {out['decision']['why']}")
 
     step(f"2/5 Users drop prompt files into s3://{users.bucket}/incoming/")
@@ -260,7 +269,7 @@ def story(users: Users, notifications) -> None:
         lambda: (lambda c: c if c and c != champion else None)(users.champion()),
         1200,
     )
-    out = json.loads(users.last_execution()["output"])
+    out = json.loads(users.finished_execution()["output"])
     say(f"promoted {new} (trigger: {out.get('trigger')}): {out['decision']['why']}")
 
     step("5/5 The same kitchen prompts, before and after the swap")

@@ -96,12 +96,7 @@ class Local:
         return (self.state / "logs" / "events.log").read_text()
 
     def execution(self, name_prefix: str) -> dict:
-        sfn = self.client("stepfunctions")
-        arn = self.status["outputs"]["RetrainStateMachineArn"]
-        for ex in sfn.list_executions(stateMachineArn=arn)["executions"]:
-            if ex["name"].startswith(name_prefix):
-                return sfn.describe_execution(executionArn=ex["executionArn"])
-        raise AssertionError(f"no execution {name_prefix}*")
+        return self.users.finished_execution(name_prefix)
 
 
 @pytest.fixture(scope="module")
