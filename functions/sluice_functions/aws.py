@@ -14,6 +14,8 @@ TRANSIENT = {
     "TooManyRequestsException", "ServiceUnavailable", "InternalFailure", "InternalServerError",
     "ResourceLimitExceeded", "SlowDown", "RequestTimeout",
 }  # fmt: skip
+# What the model parameter holds until retraining promotes a first model (template.yaml: "none").
+NO_MODEL = ("", "none", "None")
 CONFIG = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=30)
 
 

@@ -20,7 +20,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
-from .aws import already_exists, client, error_code, sagemaker_resource_exists
+from .aws import NO_MODEL, already_exists, client, error_code, sagemaker_resource_exists
 from .monitoring import (
     MonitorSettings,
     baseline_prefix,
@@ -38,7 +38,6 @@ from .monitoring import (
 
 logger = Logger(service="sluice-start-monitor")
 metrics = Metrics(namespace="Sluice", service="start-monitor")
-NO_MODEL = ("", "none", "None")
 
 
 def champion(parameter: str) -> str | None:

@@ -19,7 +19,14 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
 from . import claims
-from .aws import TRANSIENT, already_exists, client, error_code, sagemaker_resource_exists
+from .aws import (
+    NO_MODEL,
+    TRANSIENT,
+    already_exists,
+    client,
+    error_code,
+    sagemaker_resource_exists,
+)
 from .batching import (
     Parsed,
     Settings,
@@ -35,7 +42,6 @@ from .reports import failure_report, report_key
 
 logger = Logger(service="sluice-start-transform")
 metrics = Metrics(namespace="Sluice", service="start-transform")
-NO_MODEL = ("", "none", "None")
 
 
 class NoModel(Exception):
