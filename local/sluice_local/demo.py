@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sluice.corpus import SAMPLE_PROMPTS, generate
 from sluice.demo import show_line
+from sluice_functions.aws import NO_MODEL
 
 from .stack import LocalStack
 from .template import parse_overrides, samconfig_overrides
@@ -71,7 +72,7 @@ class Users:
 
     def champion(self) -> str:
         value = self.client("ssm").get_parameter(Name=self.parameter)["Parameter"]["Value"]
-        return "" if value == "none" else value
+        return "" if value in NO_MODEL else value
 
     def wait_for_reports(self, inputs: list[str]) -> dict[str, dict]:
         """The _SUCCESS.json / _FAILURE.json reports that cover these uploads, by report key."""
