@@ -34,12 +34,19 @@ def main() -> None:
     ap.add_argument("--instances", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results/burst.json")
     args = ap.parse_args()
-    os.environ.update({
-        "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
-        "STAGE": "bench", "DATA_BUCKET": BUCKET, "MODEL_PARAMETER": "/sluice/bench/model",
-        "SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/sm", "POWERTOOLS_METRICS_NAMESPACE":
-        "Sluice", "POWERTOOLS_LOG_LEVEL": "WARNING",
-    })  # fmt: skip
+    os.environ.update(
+        {
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": "x",
+            "AWS_SECRET_ACCESS_KEY": "x",
+            "STAGE": "bench",
+            "DATA_BUCKET": BUCKET,
+            "MODEL_PARAMETER": "/sluice/bench/model",
+            "SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/sm",
+            "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
+            "POWERTOOLS_LOG_LEVEL": "WARNING",
+        }
+    )
     with mock_aws():
         from sluice_functions import start_transform
 
@@ -52,24 +59,38 @@ def main() -> None:
         ]
         s3.put_bucket_notification_configuration(
             Bucket=BUCKET,
-            NotificationConfiguration={"QueueConfigurations": [{
-                "QueueArn": arn, "Events": ["s3:ObjectCreated:*"],
-                "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "incoming/"}]}},
-            }]},
-        )  # fmt: skip
-        sm.create_model(ModelName="m", ExecutionRoleArn="arn:aws:iam::123456789012:role/sm",
-                        PrimaryContainer={"Image": "sluice"})  # fmt: skip
+            NotificationConfiguration={
+                "QueueConfigurations": [
+                    {
+                        "QueueArn": arn,
+                        "Events": ["s3:ObjectCreated:*"],
+                        "Filter": {
+                            "Key": {"FilterRules": [{"Name": "prefix", "Value": "incoming/"}]}
+                        },
+                    }
+                ]
+            },
+        )
+        sm.create_model(
+            ModelName="m",
+            ExecutionRoleArn="arn:aws:iam::123456789012:role/sm",
+            PrimaryContainer={"Image": "sluice"},
+        )
         boto3.client("ssm").put_parameter(Name="/sluice/bench/model", Value="m", Type="String")
         for i in range(args.uploads):
-            s3.put_object(Bucket=BUCKET, Key=f"incoming/user-{i % 37}/file-{i}.jsonl",
-                          Body=b'{"text": "hello"}\n')  # fmt: skip
+            s3.put_object(
+                Bucket=BUCKET,
+                Key=f"incoming/user-{i % 37}/file-{i}.jsonl",
+                Body=b'{"text": "hello"}\n',
+            )
 
         # the pollers take turns receiving 10 at a time until the queue is empty
         batches: list[list[dict]] = [[] for _ in range(args.pollers)]
         turn = 0
         while True:
-            got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10,
-                                      AttributeNames=["All"]).get("Messages", [])  # fmt: skip
+            got = sqs.receive_message(
+                QueueUrl=url, MaxNumberOfMessages=10, AttributeNames=["All"]
+            ).get("Messages", [])
             if not got:
                 break
             batches[turn % args.pollers] += got
@@ -86,30 +107,50 @@ def main() -> None:
             for s in range(0, len(b), args.batch_size):
                 invocations.append(b[s : s + args.batch_size])
         for batch in invocations:
-            event = {"Records": [{
-                "messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
-                "attributes": {**m["Attributes"], "ApproximateReceiveCount": "1"},
-                "messageAttributes": {}, "md5OfBody": m["MD5OfBody"], "eventSource": "aws:sqs",
-                "eventSourceARN": arn, "awsRegion": REGION,
-            } for m in batch]}  # fmt: skip
+            event = {
+                "Records": [
+                    {
+                        "messageId": m["MessageId"],
+                        "receiptHandle": m["ReceiptHandle"],
+                        "body": m["Body"],
+                        "attributes": {**m["Attributes"], "ApproximateReceiveCount": "1"},
+                        "messageAttributes": {},
+                        "md5OfBody": m["MD5OfBody"],
+                        "eventSource": "aws:sqs",
+                        "eventSourceARN": arn,
+                        "awsRegion": REGION,
+                    }
+                    for m in batch
+                ]
+            }
             failures = start_transform.handler(event, _Context())["batchItemFailures"]
             assert not failures, failures
         jobs = len(sm.list_transform_jobs(MaxResults=100)["TransformJobSummaries"])
     saved = (args.uploads - jobs) * args.startup_minutes * args.instances
     result = {
-        "uploads": args.uploads, "pollers": args.pollers, "invocations": len(invocations),
-        "jobs_sluice": jobs, "jobs_one_per_upload": args.uploads,
-        "ratio": args.uploads / jobs, "startup_minutes_per_job": args.startup_minutes,
+        "uploads": args.uploads,
+        "pollers": args.pollers,
+        "invocations": len(invocations),
+        "jobs_sluice": jobs,
+        "jobs_one_per_upload": args.uploads,
+        "ratio": args.uploads / jobs,
+        "startup_minutes_per_job": args.startup_minutes,
         "instance_minutes_saved": saved,
-    }  # fmt: skip
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{args.uploads} uploads in one window, {args.pollers} pollers, "
-          f"{len(invocations)} invocations")  # fmt: skip
-    print(f"transform jobs: Sluice {jobs}, one per upload {args.uploads} "
-          f"({args.uploads / jobs:.0f}x fewer)")  # fmt: skip
-    print(f"instance start-up saved: {saved:.0f} instance-minutes ({saved / 60:.1f} h) at "
-          f"{args.startup_minutes:g} min per job start")  # fmt: skip
+    print(
+        f"{args.uploads} uploads in one window, {args.pollers} pollers, "
+        f"{len(invocations)} invocations"
+    )
+    print(
+        f"transform jobs: Sluice {jobs}, one per upload {args.uploads} "
+        f"({args.uploads / jobs:.0f}x fewer)"
+    )
+    print(
+        f"instance start-up saved: {saved:.0f} instance-minutes ({saved / 60:.1f} h) at "
+        f"{args.startup_minutes:g} min per job start"
+    )
 
 
 class _Context:

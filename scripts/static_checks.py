@@ -219,8 +219,16 @@ def make_checks(args: argparse.Namespace) -> dict[str, Callable[[], int]]:
             "sam", args.sam, "Run `make lint` (creates .venv-sam) or pip install aws-sam-cli."
         )
         with tempfile.TemporaryDirectory() as build:
-            cmd = [sam, "build", "--region", "us-east-1", "--build-dir", build,
-                   "--template", "template.yaml"]  # fmt: skip
+            cmd = [
+                sam,
+                "build",
+                "--region",
+                "us-east-1",
+                "--build-dir",
+                build,
+                "--template",
+                "template.yaml",
+            ]
             rc = run(cmd, root, {"SAM_CLI_TELEMETRY": "0"})
             if rc:
                 return rc

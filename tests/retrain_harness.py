@@ -46,16 +46,23 @@ def substitutions(**overrides) -> dict:
         (REPO / "statemachine/retrain.asl.json").resolve()
     ]
     subs.update(
-        Stage=STAGE, DataBucket=BUCKET, CurrentModelParameter=PARAM, ModelPackageGroup=GROUP,
-        EndpointName=ENDPOINT, SageMakerRoleArn=ROLE,
+        Stage=STAGE,
+        DataBucket=BUCKET,
+        CurrentModelParameter=PARAM,
+        ModelPackageGroup=GROUP,
+        EndpointName=ENDPOINT,
+        SageMakerRoleArn=ROLE,
         ImageUri=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1",
         DataKeyArn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/test",
         ErrorsAlarm="sluice-test-endpoint-5xx",
-        LatencyAlarm="sluice-test-endpoint-latency", PollSeconds=0, TrainingMaxPolls=6,
-        EndpointMaxPolls=6, CompileMaxPolls=6,
+        LatencyAlarm="sluice-test-endpoint-latency",
+        PollSeconds=0,
+        TrainingMaxPolls=6,
+        EndpointMaxPolls=6,
+        CompileMaxPolls=6,
         # moto checks instance types against an older list than SageMaker's (no g5)
         EndpointInstanceType="ml.g4dn.xlarge",
-    )  # fmt: skip
+    )
     subs.update(overrides)
     return subs
 
@@ -91,8 +98,11 @@ class SimulatedSageMaker:
 
         sim = self
         # moto's interpreter knows boto's name, not the one Step Functions uses in aws-sdk ARNs
-        monkeypatch.setattr(state_task_service.StateTaskService,
-                            "_SERVICE_NAME_SFN_TO_BOTO_OVERRIDES", service_names())  # fmt: skip
+        monkeypatch.setattr(
+            state_task_service.StateTaskService,
+            "_SERVICE_NAME_SFN_TO_BOTO_OVERRIDES",
+            service_names(),
+        )
 
         create_training = SageMakerModelBackend.create_training_job
         describe_training = SageMakerModelBackend.describe_training_job
@@ -150,9 +160,10 @@ class SimulatedSageMaker:
 
         def update_endpoint_response(response):
             ep = response.sagemaker_backend.update_endpoint(
-                response._get_param("EndpointName"), response._get_param("EndpointConfigName"),
+                response._get_param("EndpointName"),
+                response._get_param("EndpointConfigName"),
                 json.loads(response.body),
-            )  # fmt: skip
+            )
             return json.dumps({"EndpointArn": ep.arn})
 
         create_compilation = SageMakerModelBackend.create_compilation_job
@@ -185,8 +196,9 @@ class SimulatedSageMaker:
             "create_compilation_job": create_compilation_job,
         }.items():
             monkeypatch.setattr(SageMakerModelBackend, name, fn, raising=False)
-        monkeypatch.setattr(SageMakerResponse, "update_endpoint", update_endpoint_response,
-                            raising=False)  # fmt: skip
+        monkeypatch.setattr(
+            SageMakerResponse, "update_endpoint", update_endpoint_response, raising=False
+        )
 
     def _tick(self, key) -> bool:
         """Count one poll; True once this job has been polled enough to reach its outcome."""
@@ -211,8 +223,9 @@ def create_world(sns_queue: bool = True) -> dict:
         arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
             "QueueArn"
         ]
-        sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn,
-                      Attributes={"RawMessageDelivery": "true"})  # fmt: skip
+        sns.subscribe(
+            TopicArn=topic, Protocol="sqs", Endpoint=arn, Attributes={"RawMessageDelivery": "true"}
+        )
         world["queue"] = url
     return world
 
@@ -220,9 +233,10 @@ def create_world(sns_queue: bool = True) -> dict:
 def create_state_machine(world: dict, name: str = f"sluice-{STAGE}-retrain", **overrides) -> str:
     subs = substitutions(NotificationTopicArn=world["topic"], **overrides)
     return boto3.client("stepfunctions", region_name=REGION).create_state_machine(
-        name=name, definition=definition(subs),
+        name=name,
+        definition=definition(subs),
         roleArn=f"arn:aws:iam::{ACCOUNT}:role/sluice-test-retrain",
-    )["stateMachineArn"]  # fmt: skip
+    )["stateMachineArn"]
 
 
 def run(arn: str, name: str, doc: dict, timeout_s: float = 60) -> dict:

@@ -149,24 +149,29 @@ class Engine:
             # long texts are scored in windows; only the error policy refuses them
             if policy == "error" and len(ids) > self.context:
                 return error_result(
-                    rec, "too_long", f"text has {len(ids)} tokens, the model's context is "
-                    f"{self.context} (send truncation='left' to score it in windows)"
-                )  # fmt: skip
+                    rec,
+                    "too_long",
+                    f"text has {len(ids)} tokens, the model's context is "
+                    f"{self.context} (send truncation='left' to score it in windows)",
+                )
             return Job(rec, ids, deadline)
         room = self.context
         if rec.task == "generate":
             room -= rec.params.get("max_new_tokens", self.config.default_max_new_tokens)
             if room < 1:
                 return error_result(
-                    rec, "invalid_parameter",
+                    rec,
+                    "invalid_parameter",
                     f"max_new_tokens must be below the model's context of {self.context}",
-                )  # fmt: skip
+                )
         if len(ids) > room:
             if policy == "error":
                 return error_result(
-                    rec, "too_long", f"prompt has {len(ids)} tokens; with max_new_tokens it must "
+                    rec,
+                    "too_long",
+                    f"prompt has {len(ids)} tokens; with max_new_tokens it must "
                     f"fit the model's context of {self.context} (or send truncation='left')",
-                )  # fmt: skip
+                )
             ids = ids[-room:]
         if not ids:
             return error_result(rec, "empty_text", "the text has no tokens")
@@ -182,10 +187,11 @@ class Engine:
         for j in jobs:
             if j.deadline < now:
                 j.result = error_result(
-                    j.record, "deadline_exceeded",
+                    j.record,
+                    "deadline_exceeded",
                     "the request's time budget ran out before this record was reached; "
                     "send fewer records per request (MaxPayloadInMB) or raise the timeout",
-                )  # fmt: skip
+                )
             else:
                 live.append(j)
         for task, fn in (
@@ -220,15 +226,23 @@ class Engine:
 
         def run(batch: list[Job]) -> None:
             scores = score_ids(
-                self.model, [j.ids for j in batch], self.pad, self.context,
-                self.config.token_budget, per_token=per_token,
+                self.model,
+                [j.ids for j in batch],
+                self.pad,
+                self.context,
+                self.config.token_budget,
+                per_token=per_token,
                 logits_bytes=self.config.logits_mb * 2**20,
-            )  # fmt: skip
+            )
             for j, s in zip(batch, scores, strict=True):
                 res = {
-                    **_id_fields(j.record), "task": "score", "logprob": s.logprob,
-                    "mean_logprob": s.mean_logprob, "perplexity": s.perplexity, "tokens": s.tokens,
-                }  # fmt: skip
+                    **_id_fields(j.record),
+                    "task": "score",
+                    "logprob": s.logprob,
+                    "mean_logprob": s.mean_logprob,
+                    "perplexity": s.perplexity,
+                    "tokens": s.tokens,
+                }
                 if j.record.params.get("per_token"):
                     res["token_logprobs"] = s.token_logprobs
                     res["token_strs"] = [self.token_str(t) for t in j.ids[1:]]
@@ -251,9 +265,12 @@ class Engine:
         def run(batch: list[Job]) -> None:
             ids, mask, pos = self.left_padded([j.ids for j in batch])
             logits = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=False,
                 **self.last_only,
-            ).logits  # fmt: skip
+            ).logits
             probs = logits[:, -1].float().softmax(-1)
             k_max = max(j.record.params.get("top_k", 5) for j in batch)
             top = torch.topk(probs, k_max, dim=-1)
@@ -261,12 +278,13 @@ class Engine:
             for r, j in enumerate(batch):
                 k = j.record.params.get("top_k", 5)
                 j.result = {
-                    **_id_fields(j.record), "task": "next_token",
+                    **_id_fields(j.record),
+                    "task": "next_token",
                     "next_tokens": [
                         {"token": self.token_str(i), "id": i, "prob": p}
                         for p, i in zip(values[r][:k], indices[r][:k], strict=True)
                     ],
-                }  # fmt: skip
+                }
 
         costs = [(len(j.ids), len(j.ids)) for j in jobs]
         for b in micro_batches(costs, self.config.token_budget, self.config.max_rows):
@@ -291,11 +309,17 @@ class Engine:
                 )
             rows.append(
                 Row(
-                    k, job.ids, p.get("max_new_tokens", self.config.default_max_new_tokens),
-                    sample, temperature, int(p.get("top_k", 0)), float(p.get("top_p", 1.0)),
-                    p.get("stop", []), gen,
+                    k,
+                    job.ids,
+                    p.get("max_new_tokens", self.config.default_max_new_tokens),
+                    sample,
+                    temperature,
+                    int(p.get("top_k", 0)),
+                    float(p.get("top_p", 1.0)),
+                    p.get("stop", []),
+                    gen,
                 )
-            )  # fmt: skip
+            )
         return rows
 
     def _generate(self, jobs: list[Job]) -> None:
@@ -318,11 +342,13 @@ class Engine:
                 continue
             gens = [
                 {
-                    "generated_text": r.text, "tokens": len(r.tokens), "finish_reason": r.finish,
+                    "generated_text": r.text,
+                    "tokens": len(r.tokens),
+                    "finish_reason": r.finish,
                     "mean_logprob": r.logprob / len(r.tokens) if r.tokens else None,
                 }
                 for r in outs
-            ]  # fmt: skip
+            ]
             j.result = {**_id_fields(j.record), "task": "generate", **gens[0]}
             if len(gens) > 1:
                 j.result["generations"] = gens
@@ -384,9 +410,12 @@ class Engine:
                 index, nxt, mask, next_pos = index[sel], nxt[sel], mask[sel], next_pos[sel]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = self.model(
-                input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos,
-                past_key_values=past, use_cache=True,
-            )  # fmt: skip
+                input_ids=nxt[:, None],
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=past,
+                use_cache=True,
+            )
             past, logits = out.past_key_values, out.logits[:, -1]
             next_pos = next_pos + 1
         for r in rows:

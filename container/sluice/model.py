@@ -28,10 +28,23 @@ SLUICE_JSON = "sluice.json"
 # Encoder families that transformers maps to a "causal LM" head only when configured as decoders;
 # as plain encoders they attend to future tokens and cannot generate.
 BIDIRECTIONAL = {
-    "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "electra", "ernie",
-    "data2vec-text", "xmod", "rembert", "roc_bert", "megatron-bert", "big_bird", "roformer",
-    "bert-generation", "qdqbert",
-}  # fmt: skip
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "xlm-roberta-xl",
+    "camembert",
+    "electra",
+    "ernie",
+    "data2vec-text",
+    "xmod",
+    "rembert",
+    "roc_bert",
+    "megatron-bert",
+    "big_bird",
+    "roformer",
+    "bert-generation",
+    "qdqbert",
+}
 
 
 def size_config(cfg) -> dict[str, int]:

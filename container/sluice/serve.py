@@ -127,8 +127,12 @@ class State:
         self.ready.set()
         log.info(
             "model %s loaded on %s (%s) in %.1f s; default task %s",
-            self.model_dir, self.device, dtype, time.perf_counter() - t0, self.defaults.task,
-        )  # fmt: skip
+            self.model_dir,
+            self.device,
+            dtype,
+            time.perf_counter() - t0,
+            self.defaults.task,
+        )
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -186,9 +190,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         if int(length) > st.max_payload:
             self._error(
-                413, f"payload of {int(length)} bytes is over SAGEMAKER_MAX_PAYLOAD_IN_MB "
+                413,
+                f"payload of {int(length)} bytes is over SAGEMAKER_MAX_PAYLOAD_IN_MB "
                 f"({st.max_payload // 2**20} MB): lower MaxPayloadInMB or split the input",
-            )  # fmt: skip
+            )
             return
         with st.lock:
             st.in_flight += 1

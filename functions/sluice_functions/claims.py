@@ -38,8 +38,9 @@ def _get(table: str, uploads: list[Upload]) -> dict[str, dict]:
             resp = ddb.batch_get_item(RequestItems=request)
             for item in resp["Responses"].get(table, []):
                 found[item["object"]["S"]] = {
-                    "job": item["job"]["S"], "claimed": int(item["claimed"]["N"])
-                }  # fmt: skip
+                    "job": item["job"]["S"],
+                    "claimed": int(item["claimed"]["N"]),
+                }
             request = resp.get("UnprocessedKeys") or {}
     return found
 
@@ -75,13 +76,17 @@ def claim(table: str, uploads: list[Upload], job: str, now: float | None = None)
         try:
             client("dynamodb").put_item(
                 TableName=table,
-                Item={"object": {"S": u.identity}, "job": {"S": job}, "claimed": {"N": str(now)},
-                      "expires": {"N": str(now + TTL_S)}},
+                Item={
+                    "object": {"S": u.identity},
+                    "job": {"S": job},
+                    "claimed": {"N": str(now)},
+                    "expires": {"N": str(now + TTL_S)},
+                },
                 # free, already ours, or stale (left by a crash)
                 ConditionExpression="attribute_not_exists(#o) OR #j = :job OR #c < :stale",
                 ExpressionAttributeNames={"#o": "object", "#j": "job", "#c": "claimed"},
                 ExpressionAttributeValues={":job": {"S": job}, ":stale": {"N": str(now - STALE_S)}},
-            )  # fmt: skip
+            )
         except ClientError as e:
             if error_code(e) != "ConditionalCheckFailedException":
                 raise
@@ -94,10 +99,12 @@ def release(table: str, uploads: list[Upload], job: str) -> None:
     for u in uploads:
         try:
             client("dynamodb").delete_item(
-                TableName=table, Key={"object": {"S": u.identity}},
-                ConditionExpression="#j = :job", ExpressionAttributeNames={"#j": "job"},
+                TableName=table,
+                Key={"object": {"S": u.identity}},
+                ConditionExpression="#j = :job",
+                ExpressionAttributeNames={"#j": "job"},
                 ExpressionAttributeValues={":job": {"S": job}},
-            )  # fmt: skip
+            )
         except ClientError as e:
             if error_code(e) != "ConditionalCheckFailedException":
                 raise

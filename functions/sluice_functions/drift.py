@@ -41,8 +41,9 @@ def parse_violations(body: bytes) -> list[dict]:
     for v in doc["violations"]:
         if not isinstance(v, dict) or not {"feature_name", "constraint_check_type"} <= set(v):
             raise ValueError(f"violation without feature_name/constraint_check_type: {v!r}")
-        out.append({k: v[k] for k in ("feature_name", "constraint_check_type", "description")
-                    if k in v})  # fmt: skip
+        out.append(
+            {k: v[k] for k in ("feature_name", "constraint_check_type", "description") if k in v}
+        )
     return out
 
 
@@ -67,5 +68,6 @@ def outcome(detail: dict, fetch: Callable[[str], bytes]) -> MonitorOutcome:
     if not violations:
         return MonitorOutcome("no-drift", job)
     names = sorted({v["feature_name"] for v in violations})
-    return MonitorOutcome("drift", job, f"{len(violations)} violation(s): {', '.join(names)}",
-                          violations)  # fmt: skip
+    return MonitorOutcome(
+        "drift", job, f"{len(violations)} violation(s): {', '.join(names)}", violations
+    )

@@ -40,13 +40,17 @@ class MonitorSettings:
             return tuple(x for x in env.get(name, "").split(",") if x)
 
         return cls(
-            stage=env["STAGE"], bucket=env["DATA_BUCKET"], image=env["IMAGE_URI"],
-            role_arn=env["SAGEMAKER_ROLE_ARN"], kms_key_arn=env.get("KMS_KEY_ARN", ""),
+            stage=env["STAGE"],
+            bucket=env["DATA_BUCKET"],
+            image=env["IMAGE_URI"],
+            role_arn=env["SAGEMAKER_ROLE_ARN"],
+            kms_key_arn=env.get("KMS_KEY_ARN", ""),
             endpoint=env["ENDPOINT_NAME"],
             instance_type=env.get("MONITORING_INSTANCE_TYPE", cls.instance_type),
             window_s=int(env.get("MONITORING_WINDOW_SECONDS", cls.window_s)),
-            subnets=csv("SUBNET_IDS"), security_groups=csv("SECURITY_GROUP_IDS"),
-        )  # fmt: skip
+            subnets=csv("SUBNET_IDS"),
+            security_groups=csv("SECURITY_GROUP_IDS"),
+        )
 
 
 def baseline_prefix(model: str) -> str:
@@ -149,14 +153,22 @@ def capture_manifest(bucket: str, keys: list[str]) -> list:
     return manifest(bucket, sorted(keys))[1]
 
 
-def processing_request(s: MonitorSettings, name: str, model: str, manifest_key: str,
-                       start: datetime, end: datetime) -> dict:  # fmt: skip
+def processing_request(
+    s: MonitorSettings, name: str, model: str, manifest_key: str, start: datetime, end: datetime
+) -> dict:
     """CreateProcessingJob: one window of capture against the champion's baseline."""
 
     def s3_input(input_name: str, uri: str, local: str, kind: str = "S3Prefix") -> dict:
-        return {"InputName": input_name, "S3Input": {
-            "S3Uri": uri, "LocalPath": local, "S3DataType": kind, "S3InputMode": "File",
-            "S3DataDistributionType": "FullyReplicated"}}  # fmt: skip
+        return {
+            "InputName": input_name,
+            "S3Input": {
+                "S3Uri": uri,
+                "LocalPath": local,
+                "S3DataType": kind,
+                "S3InputMode": "File",
+                "S3DataDistributionType": "FullyReplicated",
+            },
+        }
 
     base = f"s3://{s.bucket}/{baseline_prefix(model)}"
     return {

@@ -21,13 +21,19 @@ PARAM = "/sluice/dev/current-model"
 @pytest.fixture
 def aws(monkeypatch):
     env = {
-        "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_TRACE_DISABLED": "true",
-        "POWERTOOLS_METRICS_NAMESPACE": "Sluice", "STAGE": "dev", "DATA_BUCKET": BUCKET,
-        "MODEL_PARAMETER": PARAM, "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm",
-        "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k", "MAX_FILES_PER_JOB": "1000",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "POWERTOOLS_TRACE_DISABLED": "true",
+        "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
+        "STAGE": "dev",
+        "DATA_BUCKET": BUCKET,
+        "MODEL_PARAMETER": PARAM,
+        "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm",
+        "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k",
+        "MAX_FILES_PER_JOB": "1000",
         "CLAIMS_TABLE": "claims",
-    }  # fmt: skip
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with mock_aws():
@@ -43,21 +49,29 @@ def aws(monkeypatch):
         sm = boto3.client("sagemaker", region_name=REGION)
         s3.create_bucket(Bucket=BUCKET)
         boto3.client("dynamodb", region_name=REGION).create_table(
-            TableName="claims", BillingMode="PAY_PER_REQUEST",
+            TableName="claims",
+            BillingMode="PAY_PER_REQUEST",
             AttributeDefinitions=[{"AttributeName": "object", "AttributeType": "S"}],
             KeySchema=[{"AttributeName": "object", "KeyType": "HASH"}],
-        )  # fmt: skip
+        )
         queue = sqs.create_queue(QueueName="incoming")["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])[
             "Attributes"
         ]["QueueArn"]
         s3.put_bucket_notification_configuration(
             Bucket=BUCKET,
-            NotificationConfiguration={"QueueConfigurations": [{
-                "QueueArn": queue_arn, "Events": ["s3:ObjectCreated:*"],
-                "Filter": {"Key": {"FilterRules": [{"Name": "prefix", "Value": "incoming/"}]}},
-            }]},
-        )  # fmt: skip
+            NotificationConfiguration={
+                "QueueConfigurations": [
+                    {
+                        "QueueArn": queue_arn,
+                        "Events": ["s3:ObjectCreated:*"],
+                        "Filter": {
+                            "Key": {"FilterRules": [{"Name": "prefix", "Value": "incoming/"}]}
+                        },
+                    }
+                ]
+            },
+        )
         topic = sns.create_topic(Name="notifications")["TopicArn"]
         inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
         inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])[
@@ -66,9 +80,10 @@ def aws(monkeypatch):
         sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=inbox_arn)
         monkeypatch.setenv("TOPIC_ARN", topic)
         sm.create_model(
-            ModelName="sluice-dev-model-1", ExecutionRoleArn=env["SAGEMAKER_ROLE_ARN"],
+            ModelName="sluice-dev-model-1",
+            ExecutionRoleArn=env["SAGEMAKER_ROLE_ARN"],
             PrimaryContainer={"Image": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1"},
-        )  # fmt: skip
+        )
         boto3.client("ssm", region_name=REGION).put_parameter(
             Name=PARAM, Value="sluice-dev-model-1", Type="String"
         )
@@ -87,13 +102,19 @@ def sqs_event(aws, expect: int | None = None) -> dict:
         if not got:
             break
         for m in got:
-            records.append({
-                "messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"],
-                "body": m["Body"], "attributes": {**m["Attributes"],
-                                                  "ApproximateReceiveCount": "1"},
-                "messageAttributes": {}, "md5OfBody": m["MD5OfBody"], "eventSource": "aws:sqs",
-                "eventSourceARN": f"arn:aws:sqs:{REGION}:{ACCOUNT}:incoming", "awsRegion": REGION,
-            })  # fmt: skip
+            records.append(
+                {
+                    "messageId": m["MessageId"],
+                    "receiptHandle": m["ReceiptHandle"],
+                    "body": m["Body"],
+                    "attributes": {**m["Attributes"], "ApproximateReceiveCount": "1"},
+                    "messageAttributes": {},
+                    "md5OfBody": m["MD5OfBody"],
+                    "eventSource": "aws:sqs",
+                    "eventSourceARN": f"arn:aws:sqs:{REGION}:{ACCOUNT}:incoming",
+                    "awsRegion": REGION,
+                }
+            )
     if expect is not None:
         assert len(records) == expect
     return {"Records": records}
@@ -132,8 +153,9 @@ def test_uploads_coalesce_into_one_manifest_job_per_content_type(aws, capfd, cap
     assert job["ModelName"] == "sluice-dev-model-1"
     src = job["TransformInput"]["DataSource"]["S3DataSource"]
     assert src["S3DataType"] == "ManifestFile"
-    manifest = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=src["S3Uri"].split("/", 3)[3])
-                          ["Body"].read())  # fmt: skip
+    manifest = json.loads(
+        aws["s3"].get_object(Bucket=BUCKET, Key=src["S3Uri"].split("/", 3)[3])["Body"].read()
+    )
     assert manifest[0] == {"prefix": f"s3://{BUCKET}/incoming/"}
     assert sorted(manifest[1:]) == sorted(k.removeprefix("incoming/") for k in keys[:2])
     skipped = [r.__dict__.get("reason") for r in caplog.records if r.getMessage() == "skipped"]
@@ -190,9 +212,14 @@ def test_uploads_claimed_by_an_invocation_in_flight_are_retried_and_stale_claims
     ddb = boto3.client("dynamodb", region_name=REGION)
 
     def claimed(seconds_ago: int) -> None:
-        ddb.put_item(TableName="claims", Item={
-            "object": {"S": identity}, "job": {"S": "sluice-dev-elsewhere"},
-            "claimed": {"N": str(int(time.time()) - seconds_ago)}})  # fmt: skip
+        ddb.put_item(
+            TableName="claims",
+            Item={
+                "object": {"S": identity},
+                "job": {"S": "sluice-dev-elsewhere"},
+                "claimed": {"N": str(int(time.time()) - seconds_ago)},
+            },
+        )
 
     claimed(5)  # another invocation is creating its job right now
     assert start(event)["batchItemFailures"] == [{"itemIdentifier": rec["messageId"]}]
@@ -211,8 +238,9 @@ def test_throttling_reports_the_messages_for_retry(aws, monkeypatch):
     file_ids = sorted(r["messageId"] for r in event["Records"] if "TestEvent" not in r["body"])
 
     def throttled(**kw):
-        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}},
-                          "CreateTransformJob")  # fmt: skip
+        raise ClientError(
+            {"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "CreateTransformJob"
+        )
 
     monkeypatch.setattr(client("sagemaker"), "create_transform_job", throttled)
     failures = start(event)["batchItemFailures"]
@@ -221,11 +249,21 @@ def test_throttling_reports_the_messages_for_retry(aws, monkeypatch):
 
 
 def test_malformed_messages_are_acknowledged_and_counted(aws, capfd, caplog):
-    event = {"Records": [{
-        "messageId": str(uuid.uuid4()), "receiptHandle": "h", "body": "{not json",
-        "attributes": {"ApproximateReceiveCount": "1"}, "messageAttributes": {},
-        "md5OfBody": "", "eventSource": "aws:sqs", "eventSourceARN": "arn", "awsRegion": REGION,
-    }]}  # fmt: skip
+    event = {
+        "Records": [
+            {
+                "messageId": str(uuid.uuid4()),
+                "receiptHandle": "h",
+                "body": "{not json",
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "messageAttributes": {},
+                "md5OfBody": "",
+                "eventSource": "aws:sqs",
+                "eventSourceARN": "arn",
+                "awsRegion": REGION,
+            }
+        ]
+    }
     assert start(event) == {"batchItemFailures": []}
     assert "malformed message acknowledged" in caplog.text
     assert '"MalformedMessages":[1.0]' in capfd.readouterr().out
@@ -240,8 +278,10 @@ def test_no_model_yet_fails_loudly_and_keeps_the_uploads(aws, caplog):
     failures = start(event)["batchItemFailures"]
     assert len(failures) == 1  # back to the queue, then its DLQ: nothing lost
     assert jobs(aws) == []
-    reports = [o["Key"] for o in aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix="outputs/")
-               .get("Contents", [])]  # fmt: skip
+    reports = [
+        o["Key"]
+        for o in aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix="outputs/").get("Contents", [])
+    ]
     assert len(reports) == 1 and reports[0].endswith("/_FAILURE.json")
     report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=reports[0])["Body"].read())
     assert report["status"] == "NoModel" and "incoming/x.jsonl" in report["inputs"]
@@ -260,21 +300,31 @@ def notifications(aws) -> list[dict]:
 def state_change(job: dict, status: str, reason: str | None = None) -> dict:
     """An event shaped like AWS's "SageMaker Transform Job State Change" sample."""
     detail = {
-        "TransformJobName": job["TransformJobName"], "TransformJobArn": job["TransformJobArn"],
-        "TransformJobStatus": status, "ModelName": job["ModelName"],
-        "TransformInput": job["TransformInput"], "TransformOutput": job["TransformOutput"],
-        "TransformResources": job["TransformResources"], "CreationTime": 1_700_000_000_000,
-        "TransformStartTime": 1_700_000_060_000, "TransformEndTime": 1_700_000_660_000,
+        "TransformJobName": job["TransformJobName"],
+        "TransformJobArn": job["TransformJobArn"],
+        "TransformJobStatus": status,
+        "ModelName": job["ModelName"],
+        "TransformInput": job["TransformInput"],
+        "TransformOutput": job["TransformOutput"],
+        "TransformResources": job["TransformResources"],
+        "CreationTime": 1_700_000_000_000,
+        "TransformStartTime": 1_700_000_060_000,
+        "TransformEndTime": 1_700_000_660_000,
         "Tags": {},
-    }  # fmt: skip
+    }
     if reason:
         detail["FailureReason"] = reason
     return {
-        "version": "0", "id": str(uuid.uuid4()), "detail-type":
-        "SageMaker Transform Job State Change", "source": "aws.sagemaker", "account": ACCOUNT,
-        "time": "2026-12-02T12:00:00Z", "region": REGION, "resources": [job["TransformJobArn"]],
+        "version": "0",
+        "id": str(uuid.uuid4()),
+        "detail-type": "SageMaker Transform Job State Change",
+        "source": "aws.sagemaker",
+        "account": ACCOUNT,
+        "time": "2026-12-02T12:00:00Z",
+        "region": REGION,
+        "resources": [job["TransformJobArn"]],
         "detail": detail,
-    }  # fmt: skip
+    }
 
 
 def finished(event):

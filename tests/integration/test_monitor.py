@@ -38,8 +38,9 @@ def test_baseline_suggests_a_check_per_measure_with_its_noise_calibration(baseli
     # the champion's own outputs on 200 training prompts: the output-side reference
     assert stats["dataset"]["outputs"] == monitor.REFERENCE_OUTPUTS
     checks = {f["name"]: f["drift_check"] for f in constraints["features"]}
-    assert checks == {name: {"method": m, "threshold": t}
-                      for name, (m, t) in monitor.DEFAULT_THRESHOLDS.items()}  # fmt: skip
+    assert checks == {
+        name: {"method": m, "threshold": t} for name, (m, t) in monitor.DEFAULT_THRESHOLDS.items()
+    }
     assert (baseline / "tokenizer" / "tokenizer.json").exists()
     noise = stats["calibration"]["max_distance"]["token_distribution"]
     sizes = sorted(int(k) for k in noise)
@@ -66,8 +67,12 @@ def test_held_out_sample_of_the_same_distribution_has_no_violations(
 def test_source_code_instead_of_prose_is_drift(baseline, trained, tmp_path):
     code = tmp_path / "window" / "code.txt"
     code.parent.mkdir()
-    lines = [x for p in sorted((REPO / "container" / "sluice").glob("*.py"))
-             for x in p.read_text().splitlines() if x.strip()]  # fmt: skip
+    lines = [
+        x
+        for p in sorted((REPO / "container" / "sluice").glob("*.py"))
+        for x in p.read_text().splitlines()
+        if x.strip()
+    ]
     code.write_text("\n".join(lines[:1500]) + "\n")
     result = run(code.parent, baseline, trained["model"], tmp_path / "out")
     moved = {v["feature_name"] for v in result["violations"]}
@@ -107,22 +112,35 @@ def capture_line(body: bytes, out: bytes, encoding: str = "JSON") -> str:
         text = base64.b64encode(data).decode() if encoding == "BASE64" else data.decode()
         return {"observedContentType": ctype, "mode": mode, "data": text, "encoding": encoding}
 
-    return json.dumps({
-        "captureData": {"endpointInput": part(body, "application/jsonlines", "INPUT"),
-                        "endpointOutput": part(out, "application/jsonlines", "OUTPUT")},
-        "eventMetadata": {"eventId": "e1", "inferenceTime": "2026-12-02T10:00:00Z"},
-        "eventVersion": "0"})  # fmt: skip
+    return json.dumps(
+        {
+            "captureData": {
+                "endpointInput": part(body, "application/jsonlines", "INPUT"),
+                "endpointOutput": part(out, "application/jsonlines", "OUTPUT"),
+            },
+            "eventMetadata": {"eventId": "e1", "inferenceTime": "2026-12-02T10:00:00Z"},
+            "eventVersion": "0",
+        }
+    )
 
 
 def test_capture_files_in_both_encodings_multi_record_bodies_and_bad_lines():
     body = b'{"text": "the cat sat"}\n{"inputs": "a dog ran", "task": "generate"}\n'
-    out = (b'{"generated_text": " on", "tokens": 3, "mean_logprob": -1.5}\n'
-           b'{"generated_text": " far", "tokens": 5, "mean_logprob": -2.0}\n')  # fmt: skip
+    out = (
+        b'{"generated_text": " on", "tokens": 3, "mean_logprob": -1.5}\n'
+        b'{"generated_text": " far", "tokens": 5, "mean_logprob": -2.0}\n'
+    )
     window = monitor.Window()
-    for line in [capture_line(body, out), capture_line(body, out, "BASE64"),
-                 '{"text": "plain json lines work too"}', "plain text works too",
-                 "{not json", '{"captureData": {"endpointInput": {"data": "%%%",'
-                 ' "encoding": "BASE64"}}}', '{"no_text_here": 1}', ""]:  # fmt: skip
+    for line in [
+        capture_line(body, out),
+        capture_line(body, out, "BASE64"),
+        '{"text": "plain json lines work too"}',
+        "plain text works too",
+        "{not json",
+        '{"captureData": {"endpointInput": {"data": "%%%", "encoding": "BASE64"}}}',
+        '{"no_text_here": 1}',
+        "",
+    ]:
         monitor.add_line(window, line)
     assert window.texts == ["the cat sat", "a dog ran"] * 2 + [
         "plain json lines work too",
@@ -135,10 +153,12 @@ def test_capture_files_in_both_encodings_multi_record_bodies_and_bad_lines():
 def test_transform_output_lines_are_answers_and_error_lines_are_neither():
     """Batch capture names a job's .out files: their lines are the model's answers."""
     window = monitor.Window()
-    for line in ['{"id":"p0","task":"generate","generated_text":" fish.","tokens":2,'
-                 '"finish_reason":"eos","mean_logprob":-0.5}',
-                 '{"id":"p1","error":{"code":"invalid_json","message":"not valid JSON"}}',
-                 '{"id":"p2","task":"score","logprob":-3.0,"tokens":4}']:  # fmt: skip
+    for line in [
+        '{"id":"p0","task":"generate","generated_text":" fish.","tokens":2,'
+        '"finish_reason":"eos","mean_logprob":-0.5}',
+        '{"id":"p1","error":{"code":"invalid_json","message":"not valid JSON"}}',
+        '{"id":"p2","task":"score","logprob":-3.0,"tokens":4}',
+    ]:
         monitor.add_line(window, line)
     assert [o["id"] for o in window.outputs] == ["p0", "p2"]
     assert window.texts == [] and window.malformed == 0
@@ -147,22 +167,31 @@ def test_transform_output_lines_are_answers_and_error_lines_are_neither():
 def test_byoc_entrypoint_reads_model_monitors_environment(baseline, trained, tmp_path):
     capture = tmp_path / "capture" / "sluice-dev" / "AllTraffic" / "2026" / "12" / "02" / "10"
     capture.mkdir(parents=True)
-    lines = [x for p in sorted((REPO / "functions" / "sluice_functions").glob("*.py"))
-             for x in p.read_text().splitlines() if x.strip()][:400]  # fmt: skip
+    lines = [
+        x
+        for p in sorted((REPO / "functions" / "sluice_functions").glob("*.py"))
+        for x in p.read_text().splitlines()
+        if x.strip()
+    ][:400]
     body = "".join(json.dumps({"text": x}) + "\n" for x in lines).encode()
-    out = "".join(json.dumps({"generated_text": "x", "tokens": 4, "mean_logprob": -1.0}) + "\n"
-                  for _ in lines).encode()  # fmt: skip
+    out = "".join(
+        json.dumps({"generated_text": "x", "tokens": 4, "mean_logprob": -1.0}) + "\n" for _ in lines
+    ).encode()
     (capture / "capture.jsonl").write_text(capture_line(body, out, "BASE64") + "\n{broken\n")
     env = {
-        "dataset_source": str(tmp_path / "capture"), "output_path": str(tmp_path / "result"),
+        "dataset_source": str(tmp_path / "capture"),
+        "output_path": str(tmp_path / "result"),
         "baseline_statistics": str(baseline / "statistics.json"),
         "baseline_constraints": str(baseline / "constraints.json"),
-        "publish_cloudwatch_metrics": "Enabled", "endpoint_name": "sluice-dev",
-        "monitoring_schedule_name": "sluice-dev-drift", "start_time": "2026-12-02T10:00:00Z",
-        "end_time": "2026-12-02T11:00:00Z", "SLUICE_MODEL_DIR": str(baseline / "tokenizer"),
+        "publish_cloudwatch_metrics": "Enabled",
+        "endpoint_name": "sluice-dev",
+        "monitoring_schedule_name": "sluice-dev-drift",
+        "start_time": "2026-12-02T10:00:00Z",
+        "end_time": "2026-12-02T11:00:00Z",
+        "SLUICE_MODEL_DIR": str(baseline / "tokenizer"),
         "SLUICE_METRICS_DIR": str(tmp_path / "metrics"),
         "SLUICE_MESSAGE_FILE": str(tmp_path / "message"),
-    }  # fmt: skip
+    }
     run_sluice("monitor", env=env)
     violations = read_json(tmp_path / "result" / "constraint_violations.json")["violations"]
     assert violations
@@ -182,8 +211,9 @@ def test_byoc_entrypoint_reads_model_monitors_environment(baseline, trained, tmp
 
 
 def test_byoc_entrypoint_without_its_environment_fails_with_the_reason(tmp_path):
-    proc = run_sluice("monitor", env={"SLUICE_MESSAGE_FILE": str(tmp_path / "message")},
-                      check=False)  # fmt: skip
+    proc = run_sluice(
+        "monitor", env={"SLUICE_MESSAGE_FILE": str(tmp_path / "message")}, check=False
+    )
     assert proc.returncode == 1
     assert "dataset_source" in (tmp_path / "message").read_text()
 

@@ -20,8 +20,11 @@ CHAMPION_DATA = f"s3://{h.BUCKET}/models/{CHAMPION}/output/model.tar.gz"
 
 @pytest.fixture
 def world(monkeypatch):
-    for k, v in {"AWS_DEFAULT_REGION": h.REGION, "AWS_ACCESS_KEY_ID": "testing",
-                 "AWS_SECRET_ACCESS_KEY": "testing"}.items():  # fmt: skip
+    for k, v in {
+        "AWS_DEFAULT_REGION": h.REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }.items():
         monkeypatch.setenv(k, v)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
         sim = h.SimulatedSageMaker()
@@ -51,11 +54,22 @@ def packages() -> list[dict]:
 
 def install_champion(world) -> None:
     """A champion serving on the endpoint, as a previous promotion leaves it."""
-    sm().create_model(ModelName=CHAMPION, ExecutionRoleArn=h.ROLE,
-                      PrimaryContainer={"Image": "img", "ModelDataUrl": CHAMPION_DATA})  # fmt: skip
-    sm().create_endpoint_config(EndpointConfigName=CHAMPION, ProductionVariants=[{
-        "VariantName": "AllTraffic", "ModelName": CHAMPION, "InstanceType": "ml.g4dn.xlarge",
-        "InitialInstanceCount": 1}])  # fmt: skip
+    sm().create_model(
+        ModelName=CHAMPION,
+        ExecutionRoleArn=h.ROLE,
+        PrimaryContainer={"Image": "img", "ModelDataUrl": CHAMPION_DATA},
+    )
+    sm().create_endpoint_config(
+        EndpointConfigName=CHAMPION,
+        ProductionVariants=[
+            {
+                "VariantName": "AllTraffic",
+                "ModelName": CHAMPION,
+                "InstanceType": "ml.g4dn.xlarge",
+                "InitialInstanceCount": 1,
+            }
+        ],
+    )
     sm().create_endpoint(EndpointName=h.ENDPOINT, EndpointConfigName=CHAMPION)
     sm().describe_endpoint(EndpointName=h.ENDPOINT)  # the simulated creation completes
     sm().describe_endpoint(EndpointName=h.ENDPOINT)
@@ -91,31 +105,52 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
     assert "first model" in out["decision"]["why"]
     assert current_model() == job
     assert h.calls(d["executionArn"]) == [
-        "ssm:getParameter", "sagemaker:createTrainingJob",
-        "sagemaker:describeTrainingJob", "sagemaker:describeTrainingJob",
+        "ssm:getParameter",
+        "sagemaker:createTrainingJob",
+        "sagemaker:describeTrainingJob",
+        "sagemaker:describeTrainingJob",
         "sagemaker:createModelPackage",
         # deployment and edge branches interleave; check each below
         *h.calls(d["executionArn"])[5:],
-    ]  # fmt: skip
+    ]
     made = h.calls(d["executionArn"])
-    deploy = [c for c in made if c.split(":")[-1] in {
-        "createModel", "createEndpointConfig", "describeEndpoint", "createEndpoint",
-        "updateEndpoint", "putParameter", "updateModelPackage", "registerScalableTarget",
-        "putScalingPolicy"}]  # fmt: skip
+    deploy = [
+        c
+        for c in made
+        if c.split(":")[-1]
+        in {
+            "createModel",
+            "createEndpointConfig",
+            "describeEndpoint",
+            "createEndpoint",
+            "updateEndpoint",
+            "putParameter",
+            "updateModelPackage",
+            "registerScalableTarget",
+            "putScalingPolicy",
+        }
+    ]
     assert deploy == [
-        "sagemaker:createModel", "sagemaker:createEndpointConfig",
+        "sagemaker:createModel",
+        "sagemaker:createEndpointConfig",
         "sagemaker:describeEndpoint",  # none yet -> create
-        "sagemaker:createEndpoint", "sagemaker:describeEndpoint", "sagemaker:describeEndpoint",
-        "ssm:putParameter", "sagemaker:updateModelPackage",
-        "applicationautoscaling:registerScalableTarget", "applicationautoscaling:putScalingPolicy",
-    ]  # fmt: skip
+        "sagemaker:createEndpoint",
+        "sagemaker:describeEndpoint",
+        "sagemaker:describeEndpoint",
+        "ssm:putParameter",
+        "sagemaker:updateModelPackage",
+        "applicationautoscaling:registerScalableTarget",
+        "applicationautoscaling:putScalingPolicy",
+    ]
     assert "sagemaker:createCompilationJob" in made
     # the first model trains without a baseline channel
     request = training_request(d["executionArn"])
     assert [c["ChannelName"] for c in request["InputDataConfig"]] == ["train"]
     assert request["EnableManagedSpotTraining"] is True
-    assert request["StoppingCondition"]["MaxWaitTimeInSeconds"] >= request[
-        "StoppingCondition"]["MaxRuntimeInSeconds"]  # fmt: skip
+    assert (
+        request["StoppingCondition"]["MaxWaitTimeInSeconds"]
+        >= request["StoppingCondition"]["MaxRuntimeInSeconds"]
+    )
     assert request["HyperParameters"]["artifacts_s3_uri"] == (
         f"s3://{h.BUCKET}/models/{job}/artifacts/"
     )
@@ -143,19 +178,27 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
 
 def test_challenger_that_beats_the_champion_is_swapped_in_blue_green(world):
     install_champion(world)
-    world["sim"].metrics = {"gate_challenger": 30.0, "gate_baseline": 40.0,
-                            "gate_improvement": 0.25}  # fmt: skip
-    doc = {"reason": "new-data", "trainingData": f"s3://{h.BUCKET}/training/",
-           "validationData": f"s3://{h.BUCKET}/validation/",
-           "hyperparameters": {"max_steps": "500"}}  # fmt: skip
+    world["sim"].metrics = {
+        "gate_challenger": 30.0,
+        "gate_baseline": 40.0,
+        "gate_improvement": 0.25,
+    }
+    doc = {
+        "reason": "new-data",
+        "trainingData": f"s3://{h.BUCKET}/training/",
+        "validationData": f"s3://{h.BUCKET}/validation/",
+        "hyperparameters": {"max_steps": "500"},
+    }
     d = h.run(world["arn"], "better", doc)
     assert d["status"] == "SUCCEEDED", h.explain(d)
     out = json.loads(d["output"])
     assert out["outcome"] == "promoted" and out["decision"]["improvement"] == 0.25
     assert out["champion"] == CHAMPION and out["trigger"] == "new-data"
     request = training_request(d["executionArn"])
-    channels = {c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
-                for c in request["InputDataConfig"]}  # fmt: skip
+    channels = {
+        c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
+        for c in request["InputDataConfig"]
+    }
     # the champion's artifacts ride along so both are scored on the same held-out records
     assert channels == {
         "train": f"s3://{h.BUCKET}/training/",
@@ -175,14 +218,18 @@ def test_challenger_that_beats_the_champion_is_swapped_in_blue_green(world):
     } == {"sluice-test-endpoint-5xx", "sluice-test-endpoint-latency"}
     assert update["RetainAllVariantProperties"] is True
     assert current_model() == out["trainingJob"]
-    assert sm().describe_endpoint(EndpointName=h.ENDPOINT)["EndpointConfigName"] == out[
-        "trainingJob"]  # fmt: skip
+    assert (
+        sm().describe_endpoint(EndpointName=h.ENDPOINT)["EndpointConfigName"] == out["trainingJob"]
+    )
 
 
 def test_challenger_that_does_not_beat_the_margin_is_recorded_and_rejected(world):
     install_champion(world)
-    world["sim"].metrics = {"gate_challenger": 39.9, "gate_baseline": 40.0,
-                            "gate_improvement": 0.0025}  # fmt: skip
+    world["sim"].metrics = {
+        "gate_challenger": 39.9,
+        "gate_baseline": 40.0,
+        "gate_improvement": 0.0025,
+    }
     d = h.run(world["arn"], "worse", {"reason": "schedule"})
     assert d["status"] == "SUCCEEDED", h.explain(d)
     out = json.loads(d["output"])
@@ -227,8 +274,11 @@ def test_missing_gate_metrics_fail_loudly(world):
 
 def test_rollback_leaves_batch_on_the_champion(world):
     install_champion(world)
-    world["sim"].metrics = {"gate_challenger": 30.0, "gate_baseline": 40.0,
-                            "gate_improvement": 0.25}  # fmt: skip
+    world["sim"].metrics = {
+        "gate_challenger": 30.0,
+        "gate_baseline": 40.0,
+        "gate_improvement": 0.25,
+    }
     world["sim"].deployment = "RolledBack"
     d = h.run(world["arn"], "rollback", {})
     assert d["status"] == "FAILED" and d["error"] == "EndpointRolledBack", d
@@ -264,9 +314,12 @@ def test_vpc_and_on_demand_deployments_get_their_own_requests(world):
     """The template's other branches: VpcConfig on jobs and models, spot off (no MaxWait)."""
     vpc = {"Subnets": ["subnet-1", "subnet-2"], "SecurityGroupIds": ["sg-1"]}
     arn = h.create_state_machine(
-        world, name="sluice-test-retrain-vpc", VpcConfig=json.dumps({"VpcConfig": vpc}),
-        UseSpot="false", TrainingStoppingCondition='{"MaxRuntimeInSeconds": 3600}',
-    )  # fmt: skip
+        world,
+        name="sluice-test-retrain-vpc",
+        VpcConfig=json.dumps({"VpcConfig": vpc}),
+        UseSpot="false",
+        TrainingStoppingCondition='{"MaxRuntimeInSeconds": 3600}',
+    )
     d = h.run(arn, "vpc", {})
     assert d["status"] == "SUCCEEDED", h.explain(d)
     job = json.loads(d["output"])["trainingJob"]

@@ -122,10 +122,20 @@ def test_lint_error_fails_ruff(tmp_path):
 
 def test_missing_tool_is_named_with_how_to_get_it(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(CHECKS), "--root", str(project(tmp_path, asl())), "--only", "checkov",
-         "--checkov", str(tmp_path / "nope")],
-        capture_output=True, text=True, env={"PATH": "/nonexistent"},
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(CHECKS),
+            "--root",
+            str(project(tmp_path, asl())),
+            "--only",
+            "checkov",
+            "--checkov",
+            str(tmp_path / "nope"),
+        ],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent"},
+    )
     if shutil.which("checkov", path=str(Path(sys.executable).parent)):
         pytest.skip("checkov is installed in this venv; the lookup would find it")
     assert proc.returncode == 1

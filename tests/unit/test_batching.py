@@ -23,18 +23,32 @@ from sluice_functions.batching import (
 )
 
 SETTINGS = Settings(
-    stage="dev", bucket="sluice-dev-data", role_arn="arn:aws:iam::123456789012:role/r",
-    kms_key_arn="arn:aws:kms:us-east-1:123456789012:key/k", join_source="Input",
+    stage="dev",
+    bucket="sluice-dev-data",
+    role_arn="arn:aws:iam::123456789012:role/r",
+    kms_key_arn="arn:aws:kms:us-east-1:123456789012:key/k",
+    join_source="Input",
     parameters='{"max_new_tokens": 64}',
-)  # fmt: skip
+)
 
 
 def s3_event(key: str, size: int = 10, event: str = "ObjectCreated:Put", etag="e1") -> str:
-    return json.dumps({"Records": [{
-        "eventVersion": "2.1", "eventSource": "aws:s3", "awsRegion": "us-east-1",
-        "eventName": event, "s3": {"bucket": {"name": "sluice-dev-data"},
-                                   "object": {"key": key, "size": size, "eTag": etag}},
-    }]})  # fmt: skip
+    return json.dumps(
+        {
+            "Records": [
+                {
+                    "eventVersion": "2.1",
+                    "eventSource": "aws:s3",
+                    "awsRegion": "us-east-1",
+                    "eventName": event,
+                    "s3": {
+                        "bucket": {"name": "sluice-dev-data"},
+                        "object": {"key": key, "size": size, "eTag": etag},
+                    },
+                }
+            ]
+        }
+    )
 
 
 def parse(*bodies: str) -> Parsed:
@@ -58,10 +72,13 @@ def test_keys_are_decoded_and_skips_have_reasons():
     )
     assert [u.key for u in p.uploads] == ["incoming/my fileü.jsonl"]
     assert [s.reason for s in p.skipped] == [
-        "s3:TestEvent", "folder marker", "zero-byte object",
-        "suffix not in ['.jsonl', '.json', '.txt', '.csv']", "outside incoming/",
+        "s3:TestEvent",
+        "folder marker",
+        "zero-byte object",
+        "suffix not in ['.jsonl', '.json', '.txt', '.csv']",
+        "outside incoming/",
         "event ObjectRemoved:Delete",
-    ]  # fmt: skip
+    ]
     assert [m.message_id for m in p.malformed] == ["m7", "m8"]
 
 
@@ -78,12 +95,20 @@ def test_one_job_per_batch_split_only_by_the_limits():
 
 
 def test_plain_text_and_csv_uploads_get_jobs_of_their_own_content_type():
-    ups = [upload(0), Upload("m1", "b", "incoming/notes.TXT", 10, "e"), upload(2),
-           Upload("m3", "b", "incoming/t.csv", 10, "e")]  # fmt: skip
+    ups = [
+        upload(0),
+        Upload("m1", "b", "incoming/notes.TXT", 10, "e"),
+        upload(2),
+        Upload("m3", "b", "incoming/t.csv", 10, "e"),
+    ]
     jobs = plan_jobs(ups, 1000, 10**9)
     assert [[u.message_id for u in g] for g in jobs] == [["m0", "m2"], ["m1"], ["m3"]]
-    types = [transform_request(SETTINGS, "m", job_name("dev", g), "k", g)["TransformInput"][
-        "ContentType"] for g in jobs]  # fmt: skip
+    types = [
+        transform_request(SETTINGS, "m", job_name("dev", g), "k", g)["TransformInput"][
+            "ContentType"
+        ]
+        for g in jobs
+    ]
     assert types == ["application/jsonlines", "text/plain", "text/csv"]
 
 
@@ -126,8 +151,10 @@ def test_the_request_matches_botocores_service_model_and_asks_for_the_right_thin
     assert req["DataProcessing"] == {"JoinSource": "Input"}
     assert req["TransformOutput"]["KmsKeyId"] == SETTINGS.kms_key_arn
     assert req["TransformResources"]["VolumeKmsKeyId"] == SETTINGS.kms_key_arn
-    assert req["ModelClientConfig"] == {"InvocationsTimeoutInSeconds": 3600,
-                                        "InvocationsMaxRetries": 1}  # fmt: skip
+    assert req["ModelClientConfig"] == {
+        "InvocationsTimeoutInSeconds": 3600,
+        "InvocationsMaxRetries": 1,
+    }
     assert "MaxConcurrentTransforms" not in req  # 0: the container's /execution-parameters
     env = req["Environment"]
     assert env["SLUICE_TASK"] == "generate"

@@ -6,9 +6,15 @@ from sluice.hyperparameters import parse_hyperparameters
 
 def test_strings_are_parsed_to_their_types():
     cfg = parse_hyperparameters(
-        {"learning_rate": "1e-3", "max_steps": "100", "export_edge": "False", "n_layer": "4",
-         "model_size": "tiny", "epochs": "2.5"}
-    )  # fmt: skip
+        {
+            "learning_rate": "1e-3",
+            "max_steps": "100",
+            "export_edge": "False",
+            "n_layer": "4",
+            "model_size": "tiny",
+            "epochs": "2.5",
+        }
+    )
     assert cfg.learning_rate == 1e-3
     assert cfg.max_steps == 100
     assert cfg.export_edge is False

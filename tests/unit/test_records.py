@@ -45,13 +45,29 @@ json_values = st.recursive(
 record_like = st.fixed_dictionaries(
     {},
     optional={
-        "id": json_values, "text": json_values, "inputs": json_values,
+        "id": json_values,
+        "text": json_values,
+        "inputs": json_values,
         "task": st.sampled_from(["generate", "score", "next_token", "x"]) | json_values,
         "parameters": st.dictionaries(
-            st.sampled_from(["max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop",
-                             "per_token", "truncation", "bogus"]), json_values, max_size=3),
+            st.sampled_from(
+                [
+                    "max_new_tokens",
+                    "temperature",
+                    "top_k",
+                    "top_p",
+                    "seed",
+                    "stop",
+                    "per_token",
+                    "truncation",
+                    "bogus",
+                ]
+            ),
+            json_values,
+            max_size=3,
+        ),
     },
-)  # fmt: skip
+)
 
 
 @settings(max_examples=400, deadline=None)

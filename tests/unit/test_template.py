@@ -51,9 +51,15 @@ def test_pass_role_is_limited_to_sagemaker():
 
 
 def test_outputs_name_what_operators_need():
-    assert {"DataBucketName", "IncomingQueueUrl", "CurrentModelParameterName",
-            "NotificationTopicArn", "RetrainStateMachineArn", "EndpointName",
-            "ModelPackageGroupName"} <= set(T["Outputs"])  # fmt: skip
+    assert {
+        "DataBucketName",
+        "IncomingQueueUrl",
+        "CurrentModelParameterName",
+        "NotificationTopicArn",
+        "RetrainStateMachineArn",
+        "EndpointName",
+        "ModelPackageGroupName",
+    } <= set(T["Outputs"])
 
 
 def test_state_machine_role_passes_only_the_sagemaker_role_and_scopes_names():
