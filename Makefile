@@ -1,8 +1,9 @@
 # One way to install, one way to test. Every target sets up what it needs first.
-#   make demo    run Sluice's main job locally on embedded defaults (sluice local demo)
-#   make test    the whole test suite (unit, integration, e2e)
-#   make lint    the static checks CI runs (ruff, cfn-lint, sam validate, ASL, checkov)
-#   make bench   the benchmarks in benchmarks/
+#   make demo         run Sluice's main job locally on embedded defaults (sluice-local demo)
+#   make test         the whole test suite (unit, integration, e2e)
+#   make lint         the static checks CI runs (ruff, cfn-lint, sam validate, ASL, checkov)
+#   make image-check  build the image's environment from the Dockerfile's own steps, then run it
+#   make bench        the benchmarks in benchmarks/
 
 PYTHON ?= python3
 VENV := .venv
@@ -14,15 +15,18 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 export SAM_CLI_TELEMETRY := 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup demo test test-fast lint format bench clean
+.PHONY: setup demo test test-fast lint image-check format bench clean
 
 setup: $(VENV)/.installed
 
-# The lock files pin every transitive version CI installs; torch==2.13.0 is the CPU wheel on disk.
-$(VENV)/.installed: pyproject.toml requirements/main.lock
+# The three packages (container/, functions/, local/) editable, plus the developers' tools. The lock
+# pins every transitive version CI installs; torch==2.13.0 is the CPU wheel on disk.
+PACKAGES := container/pyproject.toml functions/pyproject.toml local/pyproject.toml
+$(VENV)/.installed: $(PACKAGES) requirements/dev.txt requirements/main.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock torch==2.13.0
-	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock -e '.[container,functions,local,dev]'
+	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock \
+	  -e ./container -e ./functions -e ./local -r requirements/dev.txt
 	touch $@
 
 $(SAM_VENV)/.installed: requirements/sam.lock
@@ -36,7 +40,7 @@ $(CHECKOV_VENV)/.installed: requirements/checkov.lock
 	touch $@
 
 demo: setup
-	$(VENV)/bin/sluice local demo
+	$(VENV)/bin/sluice-local demo
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 test: setup
@@ -49,6 +53,11 @@ test-fast: setup
 lint: setup $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
 	$(PY) scripts/static_checks.py --sam $(SAM_VENV)/bin/sam --checkov $(CHECKOV_VENV)/bin/checkov
 
+# The image's environment, assembled and installed from container/Dockerfile's own COPY and RUN
+# lines in a fresh virtualenv (CPU torch instead of CUDA), then smoke-run; plus hadolint.
+image-check: setup
+	$(PY) scripts/image_check.py
+
 format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
@@ -57,4 +66,4 @@ bench: setup
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(CHECKOV_VENV) .pytest_cache .ruff_cache .aws-sam build
+	rm -rf $(VENV) $(SAM_VENV) $(CHECKOV_VENV) .venv-image .pytest_cache .ruff_cache .aws-sam build

@@ -22,13 +22,20 @@ import torch
 def build_model(out: Path) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from sluice.corpus import generate
     from sluice.tokenizer import train_bpe
+    from sluice_local.corpus import generate
 
     tok = train_bpe(generate(3000, seed=1), 512)
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=len(tok), n_layer=2, n_head=2, n_embd=64, n_positions=128,
-                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        n_positions=128,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     GPT2LMHeadModel(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out
@@ -46,7 +53,7 @@ def main() -> None:
     ap.add_argument("--sizes-mb", default="10,50,100")
     ap.add_argument("--out", default="benchmarks/results/serve_memory.json")
     args = ap.parse_args()
-    from sluice.transform import ServeProcess, TransformConfig
+    from sluice_local.transform import ServeProcess, TransformConfig
 
     model = build_model(Path(tempfile.mkdtemp(prefix="bench-mem-")) / "model")
     server = ServeProcess(
@@ -75,13 +82,23 @@ def main() -> None:
             dt = time.perf_counter() - t0
             assert out.count(b"\n") == n - 1, "one output line per input line"
             peak = rss_kb(pid, "VmHWM")
-            rows.append({"payload_mb": mb, "records": n, "seconds": round(dt, 1),
-                         "idle_rss_mb": idle / 1024, "peak_rss_mb": peak / 1024,
-                         "growth_mb": (peak - idle) / 1024,
-                         "growth_per_payload_mb": (peak - idle) / 1024 / mb})  # fmt: skip
-            print(f"{mb:4d} MB, {n:>9,} records: {dt:6.1f} s, peak RSS {peak / 1024:7.0f} MB "
-                  f"(idle {idle / 1024:.0f} MB, +{(peak - idle) / 1024:.0f} MB = "
-                  f"{(peak - idle) / 1024 / mb:.1f}x the payload)", flush=True)  # fmt: skip
+            rows.append(
+                {
+                    "payload_mb": mb,
+                    "records": n,
+                    "seconds": round(dt, 1),
+                    "idle_rss_mb": idle / 1024,
+                    "peak_rss_mb": peak / 1024,
+                    "growth_mb": (peak - idle) / 1024,
+                    "growth_per_payload_mb": (peak - idle) / 1024 / mb,
+                }
+            )
+            print(
+                f"{mb:4d} MB, {n:>9,} records: {dt:6.1f} s, peak RSS {peak / 1024:7.0f} MB "
+                f"(idle {idle / 1024:.0f} MB, +{(peak - idle) / 1024:.0f} MB = "
+                f"{(peak - idle) / 1024 / mb:.1f}x the payload)",
+                flush=True,
+            )
     finally:
         server.stop()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -55,8 +55,13 @@ def build_model(workdir: Path) -> Path:
 
     tok = train_bpe(corpus_lines(), VOCAB)
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=len(tok), **MODEL, bos_token_id=tok.bos_token_id,
-                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        **MODEL,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     model = GPT2LMHeadModel(cfg)
     out = workdir / "model"
     model.save_pretrained(out)
@@ -101,8 +106,13 @@ def baseline_generate(model, tok, texts):
     pipe = pipeline("text-generation", model=model, tokenizer=tok, device=model.device)
     out = []
     for t in texts:
-        r = pipe(t, max_new_tokens=NEW_TOKENS, do_sample=False, return_full_text=False,
-                 pad_token_id=tok.pad_token_id)  # fmt: skip
+        r = pipe(
+            t,
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            return_full_text=False,
+            pad_token_id=tok.pad_token_id,
+        )
         out.append(r[0]["generated_text"])
     return out
 
@@ -115,8 +125,9 @@ def plain_generate(model, tok, texts, batch=32):
         for s in range(0, len(order), batch):
             idx = order[s : s + batch]
             enc = tok([texts[i] for i in idx], return_tensors="pt", padding=True)
-            gen = model.generate(**enc, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 pad_token_id=tok.pad_token_id)  # fmt: skip
+            gen = model.generate(
+                **enc, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=tok.pad_token_id
+            )
             for i, row in zip(idx, gen[:, enc["input_ids"].shape[1] :], strict=True):
                 out[i] = tok.decode(row, skip_special_tokens=True)
     tok.padding_side = "right"
@@ -152,7 +163,7 @@ def plain_score(model, seqs, pad, batch=64):
 
 
 def sluice_run(server, records: list[dict], payload_records: int, concurrency: int):
-    from sluice.transform import TransformConfig
+    from sluice_local.transform import TransformConfig
 
     cfg = TransformConfig()
     bodies = [
@@ -180,7 +191,7 @@ def main() -> None:
 
     from sluice.model import load_model, parameter_count
     from sluice.scoring import encode_for_scoring
-    from sluice.transform import ServeProcess
+    from sluice_local.transform import ServeProcess
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     model_dir = build_model(work)
@@ -192,22 +203,32 @@ def main() -> None:
     seqs = encode_for_scoring(tok, score_texts)
     score_tokens = sum(len(s) for s in seqs)
     gen_tokens = args.gen_records * NEW_TOKENS
-    print(f"model: GPT-2 {params / 1e6:.1f}M parameters, vocab {len(tok)}, "
-          f"{torch.get_num_threads()} threads", file=sys.stderr)  # fmt: skip
+    print(
+        f"model: GPT-2 {params / 1e6:.1f}M parameters, vocab {len(tok)}, "
+        f"{torch.get_num_threads()} threads",
+        file=sys.stderr,
+    )
     res: dict = {"parameters": params, "threads": torch.get_num_threads()}
     # the slow per-record baselines once; the batched paths interleaved, medians of `repeats`
     base_gen, t_base_gen = timed(baseline_generate, model, tok, gen_texts)
     base_sc, t_base_sc = timed(baseline_score, model, seqs)
 
     server = ServeProcess(model_dir, {"SAGEMAKER_BATCH": "true"})
-    runs: dict[str, list[float]] = {"plain_gen": [], "sluice_gen": [], "plain_sc": [],
-                                    "sluice_sc": [], "matmul": []}  # fmt: skip
+    runs: dict[str, list[float]] = {
+        "plain_gen": [],
+        "sluice_gen": [],
+        "plain_sc": [],
+        "sluice_sc": [],
+        "matmul": [],
+    }
     try:
         server.wait_ready()
         ep = server.execution_parameters()
         conc = ep["MaxConcurrentTransforms"]
-        gen_recs = [{"id": i, "text": t, "parameters": {"max_new_tokens": NEW_TOKENS}}
-                    for i, t in enumerate(gen_texts)]  # fmt: skip
+        gen_recs = [
+            {"id": i, "text": t, "parameters": {"max_new_tokens": NEW_TOKENS}}
+            for i, t in enumerate(gen_texts)
+        ]
         sc_recs = [{"id": i, "text": t, "task": "score"} for i, t in enumerate(score_texts)]
         sluice_run(server, gen_recs[:8], 8, 1)  # warm-up: first-call allocations
         for _ in range(args.repeats):
@@ -242,41 +263,62 @@ def main() -> None:
         return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
     gen = {
-        "baseline_pipeline_s": t_base_gen, "plain_batching_s": t_plain_gen, "sluice_s": t_sl_gen,
-        "records": args.gen_records, "new_tokens": gen_tokens,
+        "baseline_pipeline_s": t_base_gen,
+        "plain_batching_s": t_plain_gen,
+        "sluice_s": t_sl_gen,
+        "records": args.gen_records,
+        "new_tokens": gen_tokens,
         "identical_sluice_vs_pipeline": same_text(sl_gen, base_gen),
         "identical_sluice_vs_plain": same_text(sl_gen, plain_gen),
         "identical_plain_vs_pipeline": same_text(plain_gen, base_gen),
-    }  # fmt: skip
+    }
     sc = {
-        "baseline_per_record_s": t_base_sc, "plain_batching_s": t_plain_sc, "sluice_s": t_sl_sc,
-        "records": args.score_records, "tokens": score_tokens,
+        "baseline_per_record_s": t_base_sc,
+        "plain_batching_s": t_plain_sc,
+        "sluice_s": t_sl_sc,
+        "records": args.score_records,
+        "tokens": score_tokens,
         "max_abs_logprob_diff_sluice_vs_baseline": close(sl_sc, base_sc),
         "max_abs_logprob_diff_plain_vs_baseline": close(plain_sc, base_sc),
         "sluice_flops": 2 * params * score_tokens / t_sl_sc,
-    }  # fmt: skip
+    }
     res.update(generate=gen, score=sc, execution_parameters=ep)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
 
-    print(f"\nGPT-2 {params / 1e6:.1f}M params, {torch.get_num_threads()} threads, "
-          f"fp32 matmul {flops / 1e9:.0f} GFLOP/s")  # fmt: skip
+    print(
+        f"\nGPT-2 {params / 1e6:.1f}M params, {torch.get_num_threads()} threads, "
+        f"fp32 matmul {flops / 1e9:.0f} GFLOP/s"
+    )
     print(f"{'generate (greedy, 32 new)':28}{'records/s':>11}{'tokens/s':>10}{'vs pipeline':>13}")
-    for name, t in (("pipeline, per record", t_base_gen), ("plain batching (32)", t_plain_gen),
-                    ("Sluice serve (HTTP)", t_sl_gen)):  # fmt: skip
-        print(f"{name:28}{args.gen_records / t:>11.2f}{gen_tokens / t:>10.0f}"
-              f"{t_base_gen / t:>12.1f}x")  # fmt: skip
-    print(f"Sluice vs plain batching: {t_plain_gen / t_sl_gen:.2f}x; identical outputs: "
-          f"Sluice=pipeline {gen['identical_sluice_vs_pipeline']:.0%}, "
-          f"Sluice=plain {gen['identical_sluice_vs_plain']:.0%}, "
-          f"plain=pipeline {gen['identical_plain_vs_pipeline']:.0%}")  # fmt: skip
+    for name, t in (
+        ("pipeline, per record", t_base_gen),
+        ("plain batching (32)", t_plain_gen),
+        ("Sluice serve (HTTP)", t_sl_gen),
+    ):
+        print(
+            f"{name:28}{args.gen_records / t:>11.2f}{gen_tokens / t:>10.0f}{t_base_gen / t:>12.1f}x"
+        )
+    print(
+        f"Sluice vs plain batching: {t_plain_gen / t_sl_gen:.2f}x; identical outputs: "
+        f"Sluice=pipeline {gen['identical_sluice_vs_pipeline']:.0%}, "
+        f"Sluice=plain {gen['identical_sluice_vs_plain']:.0%}, "
+        f"plain=pipeline {gen['identical_plain_vs_pipeline']:.0%}"
+    )
     print(f"{'score':28}{'records/s':>11}{'tokens/s':>10}{'vs per-record':>15}{'GFLOP/s':>9}")
-    for name, t in (("forward per record", t_base_sc), ("plain batching (64)", t_plain_sc),
-                    ("Sluice serve (HTTP)", t_sl_sc)):  # fmt: skip
-        print(f"{name:28}{args.score_records / t:>11.1f}{score_tokens / t:>10.0f}"
-              f"{t_base_sc / t:>14.1f}x{2 * params * score_tokens / t / 1e9:>9.1f}")  # fmt: skip
-    print(f"Sluice score: {sc['sluice_flops'] / flops:.0%} of matmul FLOP/s; max |logprob diff| "
-          f"vs per-record {sc['max_abs_logprob_diff_sluice_vs_baseline']:.2e}")  # fmt: skip
+    for name, t in (
+        ("forward per record", t_base_sc),
+        ("plain batching (64)", t_plain_sc),
+        ("Sluice serve (HTTP)", t_sl_sc),
+    ):
+        print(
+            f"{name:28}{args.score_records / t:>11.1f}{score_tokens / t:>10.0f}"
+            f"{t_base_sc / t:>14.1f}x{2 * params * score_tokens / t / 1e9:>9.1f}"
+        )
+    print(
+        f"Sluice score: {sc['sluice_flops'] / flops:.0%} of matmul FLOP/s; max |logprob diff| "
+        f"vs per-record {sc['max_abs_logprob_diff_sluice_vs_baseline']:.2e}"
+    )
 
 
 if __name__ == "__main__":

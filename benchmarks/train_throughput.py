@@ -37,13 +37,20 @@ def sluice_run(root: Path, steps: int, warmup: int) -> tuple[float, Path]:
         (root / p).mkdir(parents=True, exist_ok=True)
     cfg = parse_hyperparameters(
         {
-            "model_size": "small", **{k: str(v) for k, v in MODEL.items()},
-            "block_size": str(BLOCK), "batch_size": str(BATCH), "learning_rate": str(LR),
-            "max_steps": str(steps), "warmup_steps": "10", "log_interval": str(warmup),
-            "checkpoint_interval": "0", "export_edge": "false", "loss_curve": "false",
+            "model_size": "small",
+            **{k: str(v) for k, v in MODEL.items()},
+            "block_size": str(BLOCK),
+            "batch_size": str(BATCH),
+            "learning_rate": str(LR),
+            "max_steps": str(steps),
+            "warmup_steps": "10",
+            "log_interval": str(warmup),
+            "checkpoint_interval": "0",
+            "export_edge": "false",
+            "loss_curve": "false",
             "eval_max_records": "50",
         }
-    )  # fmt: skip
+    )
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         run_training(OptML.from_env(), cfg)
@@ -88,12 +95,24 @@ def trainer_run(work: Path, steps: int, warmup: int, device: str) -> float:
             stamps.append(time.perf_counter())
 
     args = TrainingArguments(
-        output_dir=str(work / "hf"), per_device_train_batch_size=BATCH, max_steps=steps,
-        learning_rate=LR, warmup_steps=10, weight_decay=0.1, adam_beta2=0.95,
-        lr_scheduler_type="cosine", max_grad_norm=1.0, logging_steps=steps, save_strategy="no",
-        report_to="none", use_cpu=device == "cpu", dataloader_num_workers=0, disable_tqdm=True,
-        bf16=device.startswith("cuda"), seed=0,
-    )  # fmt: skip
+        output_dir=str(work / "hf"),
+        per_device_train_batch_size=BATCH,
+        max_steps=steps,
+        learning_rate=LR,
+        warmup_steps=10,
+        weight_decay=0.1,
+        adam_beta2=0.95,
+        lr_scheduler_type="cosine",
+        max_grad_norm=1.0,
+        logging_steps=steps,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=device == "cpu",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=device.startswith("cuda"),
+        seed=0,
+    )
     Trainer(model=model, args=args, train_dataset=Blocks(), callbacks=[Clock()]).train()
     measured = len(stamps) - warmup
     return measured * BATCH * BLOCK / (stamps[-1] - stamps[warmup - 1])
@@ -108,7 +127,7 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/train_throughput.json")
     args = ap.parse_args()
 
-    from sluice.corpus import write_corpus
+    from sluice_local.corpus import write_corpus
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     write_corpus(tmp / "data" / "corpus.txt", 30000, seed=3)
@@ -135,8 +154,10 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\ntraining throughput, GPT-2 {params / 1e6:.1f}M params, batch {BATCH}x{BLOCK}, "
-          f"{args.device}, {torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"\ntraining throughput, GPT-2 {params / 1e6:.1f}M params, batch {BATCH}x{BLOCK}, "
+        f"{args.device}, {torch.get_num_threads()} threads"
+    )
     print(f"{'':24}{'tokens/s (median)':>20}{'runs':>30}")
     print(f"{'HF Trainer':24}{statistics.median(hf):>20.0f}{[round(x) for x in hf]!s:>30}")
     print(f"{'Sluice':24}{statistics.median(sluice):>20.0f}{[round(x) for x in sluice]!s:>30}")

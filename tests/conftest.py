@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import hp, run_sluice, sets
 
+# What template.yaml's Globals give every function, before any handler module is imported (the
+# Powertools Logger and Metrics read them once, at import).
+os.environ.setdefault("POWERTOOLS_METRICS_NAMESPACE", "Sluice")
+os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "sluice-tests")
+
 
 @pytest.fixture(scope="session")
 def corpus_dir(tmp_path_factory) -> Path:
-    from sluice.corpus import write_corpus
+    from sluice_local.corpus import write_corpus
 
     d = tmp_path_factory.mktemp("corpus")
     write_corpus(d / "train" / "part-1.txt", 1500, seed=1)
@@ -25,7 +31,11 @@ def trained(tmp_path_factory, corpus_dir) -> dict:
     """One tiny model trained from scratch through the CLI, shared by tests that need a model."""
     out = tmp_path_factory.mktemp("trained")
     proc = run_sluice(
-        "train", "--train", str(corpus_dir / "train"), "--output", str(out),
+        "train",
+        "--train",
+        str(corpus_dir / "train"),
+        "--output",
+        str(out),
         *sets(hp(max_steps=40, export_edge="true", loss_curve="true")),
-    )  # fmt: skip
+    )
     return {"out": out, "model": out / "model", "stdout": proc.stdout}

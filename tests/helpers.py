@@ -40,12 +40,16 @@ def sets(params: dict[str, str]) -> list[str]:
 
 
 def run_sluice(
-    *args: str, env: dict | None = None, timeout: int = 600, check: bool = True
+    *args: str,
+    env: dict | None = None,
+    timeout: int = 600,
+    check: bool = True,
+    module: str = "sluice.cli",
 ) -> subprocess.CompletedProcess:
-    """Run the real `sluice` command in a subprocess and capture its output."""
+    """Run the real `sluice` command (or another `module`'s) in a subprocess, capture its output."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         env=full_env,
@@ -53,10 +57,15 @@ def run_sluice(
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"sluice {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n"
+            f"{module} {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n"
             f"{proc.stderr[-4000:]}"
         )
     return proc
+
+
+def run_local(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    """Run the real `sluice-local` command (the emulator's side: transform, quickstart)."""
+    return run_sluice(*args, module="sluice_local.cli", **kwargs)
 
 
 def train_losses(stdout: str) -> list[float]:

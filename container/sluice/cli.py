@@ -1,5 +1,6 @@
-"""`sluice`: the container's entrypoints (SageMaker runs `IMAGE train`, `IMAGE serve`, ...) and the
-same commands for local use. Heavy imports happen inside each command so `--help` stays fast.
+"""`sluice`: the image's entrypoints (SageMaker runs `IMAGE train`, `IMAGE serve`, ...) and the
+same commands on local folders. Heavy imports happen inside each command so `--help` stays fast.
+The image holds only what SageMaker runs: the local emulator (`sluice-local`) is another package.
 """
 
 from __future__ import annotations
@@ -12,12 +13,25 @@ import sys
 import traceback
 from pathlib import Path
 
-from .errors import SluiceError, write_failure
+from .errors import ExitCode, SluiceError, write_failure
 
 log = logging.getLogger("sluice")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps one-paragraph texts; keeps multi-line ones (exit codes, hyperparameters) as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def setup_logging(level: str = "INFO") -> None:
+    """One log format on stdout (SageMaker sends it to CloudWatch, where metric regexes read it)."""
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -29,6 +43,7 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 def parse_sets(items: list[str]) -> dict[str, str]:
+    """`NAME=VALUE` flags as a dict (the value may itself hold `=`)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -75,23 +90,23 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
 
         stop = StopFlag(stop_after_step=int(os.environ.get("SLUICE_STOP_AFTER_STEP", 0)))
         try:
-            report = run_training(opt, cfg, progress=args.progress, stop=stop)
+            report = run_training(opt, cfg, progress=show_progress(args), stop=stop)
         except Interrupted as e:
             log.warning("%s", e)
-            return 143
+            return ExitCode.INTERRUPTED
         if report:
             print(json.dumps(report["comparison"]))
-        return 0
+        return ExitCode.OK
     except SluiceError as e:
         log.error("training failed: %s", e)
         if rank == 0 or not opt.failure_file.exists():
             write_failure(opt.failure_file, str(e))
-        return 1
+        return ExitCode.FAILED
     except Exception as e:
         traceback.print_exc()
         if rank == 0 or not opt.failure_file.exists():
             write_failure(opt.failure_file, f"internal error: {type(e).__name__}: {e}")
-        return 2
+        return ExitCode.INTERNAL
 
 
 # --- evaluate / export ----------------------------------------------------------------------
@@ -109,9 +124,11 @@ def cmd_evaluate(args: argparse.Namespace, argv: list[str]) -> int:
         records = records[: args.max_records]
     if not records:
         raise SluiceError(f"{args.data} has no records to evaluate on")
-    result = evaluate_dirs([Path(m) for m in args.models], records, args.device)
+    result = evaluate_dirs(
+        [Path(m) for m in args.models], records, args.device, progress=show_progress(args)
+    )
     print(json.dumps(result, indent=2))
-    return 0
+    return ExitCode.OK
 
 
 def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
@@ -119,7 +136,7 @@ def cmd_export(args: argparse.Namespace, argv: list[str]) -> int:
 
     info = export_edge(Path(args.model), Path(args.output), args.seq_len, onnx=not args.no_onnx)
     print(json.dumps(info, indent=2))
-    return 0
+    return ExitCode.OK
 
 
 def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
@@ -127,27 +144,6 @@ def cmd_serve(args: argparse.Namespace, argv: list[str]) -> int:
 
     model_dir = args.model_dir or os.environ.get("SM_MODEL_DIR", "/opt/ml/model")
     return serve(Path(model_dir), args.port, args.host)
-
-
-def cmd_transform(args: argparse.Namespace, argv: list[str]) -> int:
-    from .transform import TransformConfig, run_transform
-
-    cfg = TransformConfig(
-        content_type=args.content_type, accept=args.accept, split_type=args.split_type,
-        strategy=args.strategy, max_payload_mb=args.max_payload_mb,
-        concurrency=args.max_concurrent_transforms, assemble_with=args.assemble_with,
-        join_source=args.join_source, env=parse_sets(args.env), compression=args.compression,
-        capture_uri=args.capture_uri, timeout_s=args.invocation_timeout,
-        max_retries=args.max_retries,
-    )  # fmt: skip
-    summary = run_transform(
-        Path(args.model), args.input, args.output, cfg,
-        manifest=args.manifest, endpoint_url=args.endpoint_url,
-    )  # fmt: skip
-    print(json.dumps(summary, indent=2))
-    if args.summary:
-        Path(args.summary).write_text(json.dumps(summary, indent=2))
-    return 0 if summary["TransformJobStatus"] == "Completed" else 1
 
 
 def cmd_monitor(args: argparse.Namespace, argv: list[str]) -> int:
@@ -160,54 +156,60 @@ def cmd_monitor(args: argparse.Namespace, argv: list[str]) -> int:
         except SluiceError as e:
             write_failure(message, str(e))
             raise
-        return 0
+        return ExitCode.OK
     if not args.data or not args.model or not args.output:
         raise SluiceError("sluice monitor baseline|run needs --data, --model and --output")
     data, out = [Path(d) for d in args.data], Path(args.output)
     if args.mode == "baseline":
-        stats = monitor.run_baseline(data, Path(args.model), out,
-                                     outputs=args.reference_outputs)  # fmt: skip
+        stats = monitor.run_baseline(data, Path(args.model), out, outputs=args.reference_outputs)
         print(f"baseline of {stats['dataset']['item_count']} records written to {out}")
-        return 0
+        return ExitCode.OK
     if not args.baseline:
         raise SluiceError(
             "sluice monitor run needs --baseline DIR (statistics.json, constraints.json)"
         )
     base = Path(args.baseline)
     result = monitor.run_monitor(
-        data, base / "statistics.json", base / "constraints.json", Path(args.model), out,
+        data,
+        base / "statistics.json",
+        base / "constraints.json",
+        Path(args.model),
+        out,
         metrics_dir=Path(args.metrics_dir) if args.metrics_dir else None,
-    )  # fmt: skip
-    return 2 if result["violations"] and args.fail_on_violations else 0
-
-
-def cmd_local(args: argparse.Namespace, argv: list[str]) -> int:
-    """`sluice local ...` is its own command line (sluice_local.cli), with its own --help."""
-    try:
-        from sluice_local.cli import main as local_main
-    except ImportError as e:
-        raise SluiceError(
-            f"`sluice local` needs the local extra ({e.name} is missing): "
-            "pip install -e '.[container,local]' (make setup does)"
-        ) from None
-    return local_main(argv[argv.index("local") + 1 :])
-
-
-def cmd_demo(args: argparse.Namespace, argv: list[str]) -> int:
-    from .demo import run_demo
-
-    return run_demo(Path(args.workdir), steps=args.steps)
+    )
+    if result["violations"] and args.fail_on_violations:
+        return ExitCode.DRIFT
+    return ExitCode.OK
 
 
 # --- parser ----------------------------------------------------------------------
 
 
+def show_progress(args: argparse.Namespace) -> bool:
+    """--progress / --no-progress, else a bar only when someone watches stderr."""
+    return sys.stderr.isatty() if args.progress is None else args.progress
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The `sluice` command line: one subcommand per entrypoint of the image."""
+    from . import __version__
+
     p = argparse.ArgumentParser(
         prog="sluice",
-        description="Sluice: batch inference and retraining of Transformer LMs on AWS.",
+        description="Sluice's language-model container: the commands SageMaker runs in the image "
+        "(train, serve, evaluate, export, monitor). With no flags each follows SageMaker's "
+        "container contract; the flags run the same code on local folders.",
+        epilog=ExitCode.help(),
+        formatter_class=HelpFormatter,
     )
-    p.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper(),
+        help="log verbosity (default: SLUICE_LOG_LEVEL or INFO)",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     t = sub.add_parser(
@@ -217,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "causal LM. With no flags it follows SageMaker's /opt/ml contract; the flags run the same "
         "job on local folders.",
         epilog=hyperparameter_help(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     t.add_argument("--train", help="training data folder (channel `train`)")
     t.add_argument("--validation", help="validation data folder (optional)")
@@ -228,7 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="NAME=VALUE", help="hyperparameter"
     )
     t.add_argument("--nproc", type=int, help="processes per node (default: one per GPU)")
-    t.add_argument("--progress", action="store_true", help="show a progress bar")
+    t.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser(
@@ -242,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--text-column", default="text", help="CSV text column")
     e.add_argument("--max-records", type=int, default=0, help="score at most this many (0: all)")
     e.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    e.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
     e.set_defaults(func=cmd_evaluate)
 
     x = sub.add_parser(
@@ -270,47 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="0.0.0.0", help="address to bind")
     s.set_defaults(func=cmd_serve)
 
-    tr = sub.add_parser(
-        "transform",
-        help="run a Batch Transform locally against the real serve process",
-        description="SageMaker Batch Transform semantics on this machine: inputs from a folder, "
-        "an s3:// prefix (AWS_ENDPOINT_URL or --endpoint-url for moto/LocalStack) or a manifest; "
-        "outputs <key>.out under --output.",
-    )
-    tr.add_argument("--model", required=True, help="model folder (save_pretrained layout)")
-    tr.add_argument("--input", required=True, help="folder, file, s3://bucket/prefix or manifest")
-    tr.add_argument("--output", required=True, help="folder or s3://bucket/prefix for .out files")
-    tr.add_argument("--manifest", action="store_true", help="--input is a manifest file")
-    tr.add_argument("--content-type", default="application/jsonlines")
-    tr.add_argument("--accept", default="application/jsonlines")
-    tr.add_argument("--split-type", choices=["Line", "None"], default="Line")
-    tr.add_argument("--strategy", choices=["MultiRecord", "SingleRecord"], help="BatchStrategy")
-    tr.add_argument("--max-payload-mb", type=int, help="MaxPayloadInMB (default: the container's)")
-    tr.add_argument("--max-concurrent-transforms", type=int, help="requests in flight")
-    tr.add_argument("--assemble-with", choices=["Line", "None"], default="Line")
-    tr.add_argument("--join-source", choices=["Input", "None"], default="None")
-    tr.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                    help="environment for the serve process (e.g. SLUICE_TASK=score)")  # fmt: skip
-    tr.add_argument("--compression", choices=["None", "Gzip"], default="None",
-                    help="CompressionType of the input objects")  # fmt: skip
-    tr.add_argument(
-        "--invocation-timeout",
-        type=int,
-        default=600,
-        help="seconds per request (ModelClientConfig.InvocationsTimeoutInSeconds)",
-    )
-    tr.add_argument(
-        "--max-retries",
-        type=int,
-        default=3,
-        help="retries of a failed request (ModelClientConfig.InvocationsMaxRetries)",
-    )
-    tr.add_argument("--capture-uri", help="DataCaptureConfig.DestinationS3Uri: write batch "
-                    "capture manifests (input/, output/) there")  # fmt: skip
-    tr.add_argument("--summary", help="also write the job's summary (JSON) to this file")
-    tr.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
-    tr.set_defaults(func=cmd_transform)
-
     m = sub.add_parser(
         "monitor",
         help="drift statistics for text (baseline, or a window against it)",
@@ -325,7 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--baseline", help="folder holding the baseline's statistics and constraints")
     m.add_argument("--output", help="where the results go")
     m.add_argument("--metrics-dir", help="also write CloudWatch metric lines here")
-    m.add_argument("--fail-on-violations", action="store_true", help="exit 2 on violations")
+    m.add_argument(
+        "--fail-on-violations",
+        action="store_true",
+        help=f"exit {ExitCode.DRIFT.value} on violations",
+    )
     m.add_argument(
         "--reference-outputs",
         type=int,
@@ -334,38 +308,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.set_defaults(func=cmd_monitor)
 
-    lo = sub.add_parser(
-        "local",
-        help="the whole application on this machine: `sluice local up`, `sluice local demo`",
-        description="Local Sluice (no AWS account): see `sluice local --help`.",
-        add_help=False,
-    )
-    lo.set_defaults(func=cmd_local)
-
-    d = sub.add_parser(
-        "demo",
-        help="train a tiny model on the embedded corpus and show what it predicts",
-        description="From nothing: generate the embedded corpus, train a tiny model (about a "
-        "minute on 2 cores), evaluate it, export it, and print next-word predictions.",
-    )
-    d.add_argument("--workdir", default="sluice-demo", help="where the demo writes its files")
-    d.add_argument("--steps", type=int, default=300, help="training steps")
-    d.set_defaults(func=cmd_demo)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status is an ExitCode (see `sluice --help`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)  # `local` takes everything after it, --help too
-    if rest and args.command != "local":
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     try:
-        return args.func(args, argv)
+        return int(args.func(args, argv))
     except SluiceError as e:
         log.error("%s", e)
-        return 1
+        return ExitCode.FAILED
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return ExitCode.CTRL_C
+    except Exception:
+        log.exception("internal error (a bug in Sluice)")
+        return ExitCode.INTERNAL
 
 
 if __name__ == "__main__":

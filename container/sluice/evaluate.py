@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -33,11 +33,19 @@ def context_length(model) -> int:
     return 1024
 
 
-def evaluate_model(model, tokenizer, records: list[str], batch_tokens: int = 16384) -> dict:
+def evaluate_model(
+    model,
+    tokenizer,
+    records: list[str],
+    batch_tokens: int = 16384,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> dict:
     """Loss, perplexity and byte-level perplexity of one model on a list of records."""
     model.eval()
     seqs = encode_for_scoring(tokenizer, records, append_eos=True)
-    scores = score_ids(model, seqs, tokenizer.pad_token_id, context_length(model), batch_tokens)
+    scores = score_ids(
+        model, seqs, tokenizer.pad_token_id, context_length(model), batch_tokens, on_batch=on_batch
+    )
     nll = -sum(s.logprob for s in scores)
     tokens = sum(s.tokens for s in scores)
     # the EOS predicted after each record counts as one byte (the newline it stands for)
@@ -82,13 +90,23 @@ def evaluation_report(
     }
 
 
-def evaluate_dirs(model_dirs: Iterable[Path], records: list[str], device: str = "cpu") -> dict:
-    """`sluice evaluate`: score each model folder on the same records."""
+def evaluate_dirs(
+    model_dirs: Iterable[Path], records: list[str], device: str = "cpu", progress: bool = False
+) -> dict:
+    """`sluice evaluate`: score each model folder on the same records (a bar per model)."""
+    from tqdm import tqdm
+
     out = {}
     for d in model_dirs:
         model, tok = load_model(d)
         model.to(device)
-        result = evaluate_model(model, tok, records)
+        with tqdm(desc=Path(d).name, unit="window", disable=not progress) as bar:
+
+            def advance(done: int, total: int, bar=bar) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            result = evaluate_model(model, tok, records, on_batch=advance)
         result["sluice"] = read_sluice_json(Path(d)).get("name")
         out[str(d)] = result
         del model

@@ -200,13 +200,19 @@ def measure_rows(window: Window, tokenizer) -> Rows:
     ]
 
     def numbers(key: str) -> np.ndarray:
-        return np.asarray([float(r[key]) for r in window.outputs
-                           if isinstance(r.get(key), int | float)], dtype=float)  # fmt: skip
+        return np.asarray(
+            [float(r[key]) for r in window.outputs if isinstance(r.get(key), int | float)],
+            dtype=float,
+        )
 
     return Rows(
-        ids, np.asarray([int(np.isin(r, byte_ids).sum()) for r in ids], dtype=np.int64), chars,
-        list(classes), numbers("tokens"), numbers("mean_logprob"),
-    )  # fmt: skip
+        ids,
+        np.asarray([int(np.isin(r, byte_ids).sum()) for r in ids], dtype=np.int64),
+        chars,
+        list(classes),
+        numbers("tokens"),
+        numbers("mean_logprob"),
+    )
 
 
 def _counts(arrays: list[np.ndarray], idx) -> np.ndarray:
@@ -237,13 +243,19 @@ def feature(name: str, rows: Rows, edges: dict, idx=None) -> dict | None:
     if name == "token_distribution":
         c = _counts(rows.ids, idx)
         counts = {str(k): int(v) for k, v in enumerate(c) if v}
-        return {"name": name, "inferred_type": "Distribution",
-                "distribution": {"total": int(c.sum()), "counts": counts}}  # fmt: skip
+        return {
+            "name": name,
+            "inferred_type": "Distribution",
+            "distribution": {"total": int(c.sum()), "counts": counts},
+        }
     if name == "script_mix":
         c = _counts(rows.chars, idx)
         counts = {rows.classes[k]: int(v) for k, v in enumerate(c) if v}
-        return {"name": name, "inferred_type": "Distribution",
-                "distribution": {"total": int(c.sum()), "counts": counts}}  # fmt: skip
+        return {
+            "name": name,
+            "inferred_type": "Distribution",
+            "distribution": {"total": int(c.sum()), "counts": counts},
+        }
     if name == "byte_fallback_rate":
         total = int(sum(len(rows.ids[i]) for i in idx))
         fb = int(rows.fallback[idx].sum()) if len(idx) else 0
@@ -259,12 +271,21 @@ def feature(name: str, rows: Rows, edges: dict, idx=None) -> dict | None:
         values = column[idx] if len(column) == n else column
     if not len(values):
         return None
-    return {"name": name, "inferred_type": "Fractional",
-            "numerical_statistics": _numeric(values, edges.get(name))}  # fmt: skip
+    return {
+        "name": name,
+        "inferred_type": "Fractional",
+        "numerical_statistics": _numeric(values, edges.get(name)),
+    }
 
 
-def statistics(window: Window, tokenizer, fingerprint: str, edges: dict | None = None,
-               calibrate: bool = False, seed: int = 0) -> dict:  # fmt: skip
+def statistics(
+    window: Window,
+    tokenizer,
+    fingerprint: str,
+    edges: dict | None = None,
+    calibrate: bool = False,
+    seed: int = 0,
+) -> dict:
     """Model Monitor-style statistics of one window (bins from `edges`, else its own deciles).
 
     With `calibrate` (baselines), also how far random subsets of these very records fall from the
@@ -337,10 +358,14 @@ def suggest_constraints(stats: dict) -> dict:
     """constraints.json for a baseline: one drift check per measure the baseline supports."""
     names = {f["name"] for f in stats["features"]}
     features = [
-        {"name": name, "inferred_type": "Distribution" if method == "jensen_shannon"
-         else "Fractional", "drift_check": {"method": method, "threshold": threshold}}
-        for name, (method, threshold) in DEFAULT_THRESHOLDS.items() if name in names
-    ]  # fmt: skip
+        {
+            "name": name,
+            "inferred_type": "Distribution" if method == "jensen_shannon" else "Fractional",
+            "drift_check": {"method": method, "threshold": threshold},
+        }
+        for name, (method, threshold) in DEFAULT_THRESHOLDS.items()
+        if name in names
+    ]
     return {
         "version": VERSION,
         "tokenizer": stats["tokenizer"],
@@ -380,8 +405,10 @@ def _feature(stats: dict, name: str) -> dict | None:
 
 def _aligned(base: dict, cur: dict) -> tuple[np.ndarray, np.ndarray]:
     keys = sorted(set(base) | set(cur))
-    return (np.array([base.get(k, 0) for k in keys], dtype=float),
-            np.array([cur.get(k, 0) for k in keys], dtype=float))  # fmt: skip
+    return (
+        np.array([base.get(k, 0) for k in keys], dtype=float),
+        np.array([cur.get(k, 0) for k in keys], dtype=float),
+    )
 
 
 def distance(method: str, base: dict, cur: dict) -> float | None:
@@ -420,18 +447,32 @@ def compare(baseline: dict, constraints: dict, current: dict) -> dict:
         n = current["dataset"]["item_count" if name in INPUT_MEASURES else "outputs"]
         noise = noise_at(baseline.get("calibration"), name, n)
         threshold = max(check["threshold"], noise)
-        checks.append({"feature_name": name, "method": check["method"], "distance": d,
-                       "threshold": threshold, "constraint": check["threshold"],
-                       "sampling_noise": noise})  # fmt: skip
+        checks.append(
+            {
+                "feature_name": name,
+                "method": check["method"],
+                "distance": d,
+                "threshold": threshold,
+                "constraint": check["threshold"],
+                "sampling_noise": noise,
+            }
+        )
         if d > threshold:
-            violations.append({
-                "feature_name": name, "constraint_check_type": "baseline_drift_check",
-                "description": f"distance: {d:.4f} exceeds threshold: {threshold:.4f}",
-            })  # fmt: skip
-    note = None if enough else (
-        f"window has {current['dataset']['item_count']} records, fewer than min_records "
-        f"{min_records}: no drift checks"
-    )  # fmt: skip
+            violations.append(
+                {
+                    "feature_name": name,
+                    "constraint_check_type": "baseline_drift_check",
+                    "description": f"distance: {d:.4f} exceeds threshold: {threshold:.4f}",
+                }
+            )
+    note = (
+        None
+        if enough
+        else (
+            f"window has {current['dataset']['item_count']} records, fewer than min_records "
+            f"{min_records}: no drift checks"
+        )
+    )
     return {"violations": violations, "checks": checks, "note": note}
 
 
@@ -453,8 +494,10 @@ def _plot(baseline: dict, current: dict, out: Path, tokenizer) -> list[str]:
         bt, ct = max(sum(bc.values()), 1), max(sum(cc.values()), 1)
         keys = sorted(set(bc) | set(cc), key=lambda k: -(bc.get(k, 0) / bt + cc.get(k, 0) / ct))
         keys = keys[:top]
-        labels = [tokenizer.convert_ids_to_tokens(int(k)) if name == "token_distribution" else k
-                  for k in keys]  # fmt: skip
+        labels = [
+            tokenizer.convert_ids_to_tokens(int(k)) if name == "token_distribution" else k
+            for k in keys
+        ]
         x = np.arange(len(keys))
         fig, ax = plt.subplots(figsize=(10, 3.5))
         ax.bar(x - 0.2, [bc.get(k, 0) / bt for k in keys], 0.4, label="baseline")
@@ -490,19 +533,30 @@ def _plot(baseline: dict, current: dict, out: Path, tokenizer) -> list[str]:
 def write_report(out: Path, result: dict, current: dict, plots: list[str]) -> Path:
     lines = ["# Sluice drift report", ""]
     d = current["dataset"]
-    lines.append(f"Window: {d['item_count']} records, {d['outputs']} outputs, {d['files']} files, "
-                 f"{d['malformed']} malformed lines skipped.")  # fmt: skip
-    lines += ["", f"**{len(result['violations'])} violation(s)**" if result["violations"]
-              else "**No violations.**", ""]  # fmt: skip
+    lines.append(
+        f"Window: {d['item_count']} records, {d['outputs']} outputs, {d['files']} files, "
+        f"{d['malformed']} malformed lines skipped."
+    )
+    lines += [
+        "",
+        f"**{len(result['violations'])} violation(s)**"
+        if result["violations"]
+        else "**No violations.**",
+        "",
+    ]
     if result.get("note"):
         lines += [f"Note: {result['note']}", ""]
-    lines += ["| measure | method | distance | threshold | constraint | sampling noise | drift |",
-              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    lines += [
+        "| measure | method | distance | threshold | constraint | sampling noise | drift |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
     flagged = {v["feature_name"] for v in result["violations"]}
     for c in result["checks"]:
-        lines.append(f"| {c['feature_name']} | {c['method']} | {c['distance']:.4f} | "
-                     f"{c['threshold']:.4f} | {c['constraint']:.4f} | {c['sampling_noise']:.4f} | "
-                     f"{'**yes**' if c['feature_name'] in flagged else 'no'} |")  # fmt: skip
+        lines.append(
+            f"| {c['feature_name']} | {c['method']} | {c['distance']:.4f} | "
+            f"{c['threshold']:.4f} | {c['constraint']:.4f} | {c['sampling_noise']:.4f} | "
+            f"{'**yes**' if c['feature_name'] in flagged else 'no'} |"
+        )
     lines.append("")
     lines += [f"![{p}]({p})" for p in plots]
     path = out / "report.md"
@@ -554,8 +608,9 @@ def reference_outputs(model_dir: Path, texts: list[str], n: int) -> list[dict]:
 
     model, tok = load_model(model_dir)
     defaults = read_sluice_json(model_dir).get("task_defaults", {})
-    engine = Engine(model, tok, EngineConfig(default_max_new_tokens=int(
-        defaults.get("max_new_tokens", 32))))  # fmt: skip
+    engine = Engine(
+        model, tok, EngineConfig(default_max_new_tokens=int(defaults.get("max_new_tokens", 32)))
+    )
     records = []
     for i, text in enumerate(texts[:n]):
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -566,9 +621,13 @@ def reference_outputs(model_dir: Path, texts: list[str], n: int) -> list[dict]:
     return [j.result for j in jobs if j.result and "error" not in j.result]
 
 
-def run_baseline(data: list[Path], model: Path, output: Path,
-                 max_records: int = BASELINE_MAX_RECORDS,
-                 outputs: int = REFERENCE_OUTPUTS) -> dict:  # fmt: skip
+def run_baseline(
+    data: list[Path],
+    model: Path,
+    output: Path,
+    max_records: int = BASELINE_MAX_RECORDS,
+    outputs: int = REFERENCE_OUTPUTS,
+) -> dict:
     """statistics.json, constraints.json and tokenizer/ for a champion and its training data;
     with a full model (not just a tokenizer) also its outputs on `outputs` training prompts."""
     source = model_source(model, output / ".model")  # a model.tar.gz is unpacked once
@@ -603,37 +662,73 @@ class MonitorEnv:
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> MonitorEnv:
-        missing = [k for k in ("dataset_source", "output_path", "baseline_statistics",
-                               "baseline_constraints") if not env.get(k)]  # fmt: skip
+        missing = [
+            k
+            for k in (
+                "dataset_source",
+                "output_path",
+                "baseline_statistics",
+                "baseline_constraints",
+            )
+            if not env.get(k)
+        ]
         if missing:
             raise SluiceError(f"monitor needs the environment variables {', '.join(missing)}")
         return cls(
-            Path(env["dataset_source"]), Path(env["output_path"]),
-            Path(env["baseline_statistics"]), Path(env["baseline_constraints"]),
+            Path(env["dataset_source"]),
+            Path(env["output_path"]),
+            Path(env["baseline_statistics"]),
+            Path(env["baseline_constraints"]),
             env.get("publish_cloudwatch_metrics", "Disabled") == "Enabled",
-            env.get("endpoint_name"), env.get("monitoring_schedule_name"),
-            env.get("start_time"), env.get("end_time"),
+            env.get("endpoint_name"),
+            env.get("monitoring_schedule_name"),
+            env.get("start_time"),
+            env.get("end_time"),
             Path(env.get("SLUICE_METRICS_DIR", "/opt/ml/output/metrics/cloudwatch")),
-        )  # fmt: skip
+        )
 
 
 def metric_lines(result: dict, endpoint: str | None, schedule: str | None, now: datetime) -> list:
     """CloudWatch metrics as Model Monitor's BYOC containers write them (one JSON per line)."""
-    dims = [{"Name": "Endpoint", "Value": endpoint or "batch"},
-            {"Name": "MonitoringSchedule", "Value": schedule or "sluice"}]  # fmt: skip
+    dims = [
+        {"Name": "Endpoint", "Value": endpoint or "batch"},
+        {"Name": "MonitoringSchedule", "Value": schedule or "sluice"},
+    ]
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    rows = [{"MetricName": f"feature_baseline_drift_{c['feature_name']}", "Timestamp": stamp,
-             "Dimensions": dims, "Value": c["distance"], "Unit": "None"}
-            for c in result["checks"]]  # fmt: skip
-    rows.append({"MetricName": "violations", "Timestamp": stamp, "Dimensions": dims,
-                 "Value": len(result["violations"]), "Unit": "Count"})  # fmt: skip
+    rows = [
+        {
+            "MetricName": f"feature_baseline_drift_{c['feature_name']}",
+            "Timestamp": stamp,
+            "Dimensions": dims,
+            "Value": c["distance"],
+            "Unit": "None",
+        }
+        for c in result["checks"]
+    ]
+    rows.append(
+        {
+            "MetricName": "violations",
+            "Timestamp": stamp,
+            "Dimensions": dims,
+            "Value": len(result["violations"]),
+            "Unit": "Count",
+        }
+    )
     return rows
 
 
-def run_monitor(data: list[Path], baseline_statistics: Path, baseline_constraints: Path,
-                model: Path, output: Path, *, metrics_dir: Path | None = None,
-                endpoint: str | None = None, schedule: str | None = None,
-                message_file: Path | None = None) -> dict:  # fmt: skip
+def run_monitor(
+    data: list[Path],
+    baseline_statistics: Path,
+    baseline_constraints: Path,
+    model: Path,
+    output: Path,
+    *,
+    metrics_dir: Path | None = None,
+    endpoint: str | None = None,
+    schedule: str | None = None,
+    message_file: Path | None = None,
+) -> dict:
     """Compare a window with the baseline; write every output; return the violations document."""
     try:
         baseline = json.loads(baseline_statistics.read_text())
@@ -642,8 +737,11 @@ def run_monitor(data: list[Path], baseline_statistics: Path, baseline_constraint
         raise SluiceError(f"cannot read the baseline: {e}") from None
     tok, fp = load_tokenizer(model, output / ".model")
     window = read_window(data)
-    edges = {f["name"]: f["numerical_statistics"]["bin_edges"]
-             for f in baseline["features"] if "numerical_statistics" in f}  # fmt: skip
+    edges = {
+        f["name"]: f["numerical_statistics"]["bin_edges"]
+        for f in baseline["features"]
+        if "numerical_statistics" in f
+    }
     current = statistics(window, tok, fp, edges)
     result = compare(baseline, constraints, current)
     _write_json(output / "statistics.json", current)
@@ -655,9 +753,14 @@ def run_monitor(data: list[Path], baseline_statistics: Path, baseline_constraint
         rows = metric_lines(result, endpoint, schedule, datetime.now(UTC))
         (metrics_dir / "sluice-drift.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     n = len(result["violations"])
-    message = (f"CompletedWithViolations: {n} violation(s): "
-               + ", ".join(v["feature_name"] for v in result["violations"])) if n else (
-               f"Completed: no violations ({result['note'] or 'all checks passed'})")  # fmt: skip
+    message = (
+        (
+            f"CompletedWithViolations: {n} violation(s): "
+            + ", ".join(v["feature_name"] for v in result["violations"])
+        )
+        if n
+        else (f"Completed: no violations ({result['note'] or 'all checks passed'})")
+    )
     if message_file is not None:
         message_file.parent.mkdir(parents=True, exist_ok=True)
         message_file.write_text(message + "\n")
@@ -669,7 +772,7 @@ def fetch_prefix(uri: str, dest: Path) -> Path:
     """Download the objects under an S3 prefix (a Model Monitor job mounts only its capture)."""
     import boto3
 
-    from .transform import split_s3
+    from .s3uri import split_s3
 
     bucket, prefix = split_s3(uri)
     s3 = boto3.client("s3")
@@ -695,8 +798,13 @@ def run_from_env(env: dict[str, str] | None = None) -> dict:
     if not model.exists() and env.get("SLUICE_TOKENIZER_S3_URI"):
         model = fetch_prefix(env["SLUICE_TOKENIZER_S3_URI"], m.output_path / ".tokenizer")
     return run_monitor(
-        [m.dataset_source], m.baseline_statistics, m.baseline_constraints, model, m.output_path,
-        metrics_dir=m.metrics_dir if m.publish_metrics else None, endpoint=m.endpoint,
+        [m.dataset_source],
+        m.baseline_statistics,
+        m.baseline_constraints,
+        model,
+        m.output_path,
+        metrics_dir=m.metrics_dir if m.publish_metrics else None,
+        endpoint=m.endpoint,
         schedule=m.schedule,
         message_file=Path(env.get("SLUICE_MESSAGE_FILE", "/opt/ml/output/message")),
-    )  # fmt: skip
+    )

@@ -7,6 +7,7 @@ same numbers for the same text.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,12 +57,14 @@ def score_ids(
     batch_tokens: int = 16384,
     per_token: bool = False,
     logits_bytes: int = LOGITS_BYTES,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> list[Score]:
     """Score each sequence (its first id is context only); returns Scores in input order.
 
     Sequences are cut into windows of at most `context` tokens, windows sorted by length and run in
     micro-batches whose padded size stays within `batch_tokens` and whose float32 logits stay
-    within `logits_bytes`, then summed back per sequence.
+    within `logits_bytes`, then summed back per sequence. `on_batch(done, total)` is called
+    after each micro-batch with the windows scored so far (a progress bar's hook).
     """
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -97,6 +100,8 @@ def score_ids(
             n = len(pieces[k][1]) - 1
             piece_lp[k] = target[r, :n].tolist()
         start = end
+        if on_batch is not None:
+            on_batch(end, len(order))
     for k, (i, _) in enumerate(pieces):
         lp = piece_lp[k]
         totals[i] += sum(lp)

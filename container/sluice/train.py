@@ -236,9 +236,15 @@ def run_training(
         log.info(
             "training %s model: %s parameters, %d train blocks of %d tokens, %d steps, device %s, "
             "world size %d, precision %s",
-            mode, f"{parameter_count(raw_model):,}", len(train_blocks), block, total, device,
-            ranks.world_size, amp_dtype or torch.float32,
-        )  # fmt: skip
+            mode,
+            f"{parameter_count(raw_model):,}",
+            len(train_blocks),
+            block,
+            total,
+            device,
+            ranks.world_size,
+            amp_dtype or torch.float32,
+        )
 
     def save_checkpoint() -> None:
         if ranks.is_main:
@@ -415,8 +421,9 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
     (opt.output_data_dir / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
     log.info("model written to %s", opt.model_dir)
     if cfg.artifacts_s3_uri:
-        publish_artifacts(cfg.artifacts_s3_uri, opt.output_data_dir / "evaluation.json",
-                          opt.model_dir / "edge")  # fmt: skip
+        publish_artifacts(
+            cfg.artifacts_s3_uri, opt.output_data_dir / "evaluation.json", opt.model_dir / "edge"
+        )
     return report
 
 
@@ -428,7 +435,7 @@ def publish_artifacts(prefix: str, evaluation: Path, edge: Path) -> list[str]:
     """
     import boto3
 
-    from .transform import split_s3
+    from .s3uri import split_s3
 
     bucket, key = split_s3(prefix.rstrip("/") + "/")
     files = [(evaluation, "evaluation.json")]

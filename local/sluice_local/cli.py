@@ -1,4 +1,9 @@
-"""`sluice local ...`: the whole application on this machine (see `sluice local --help`)."""
+"""`sluice-local ...`: Sluice on this machine with no AWS account (see `sluice-local --help`).
+
+`up`/`demo` run the whole application (template.yaml on local AWS APIs); `transform` is SageMaker's
+side of a Batch Transform against the image's real `sluice serve`; `quickstart` trains and
+transforms with no AWS APIs at all.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from sluice.cli import LOG_LEVELS, HelpFormatter, parse_sets, setup_logging
+from sluice.errors import ExitCode, SluiceError
+
 from .template import TemplateError, parse_overrides
 
 DEFAULT_STATE = Path("sluice-local")
@@ -17,11 +25,23 @@ DEFAULT_PORT = 5055
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(
-        prog="sluice local",
+        prog="sluice-local",
         description="Sluice on this machine, no AWS account: template.yaml deployed on local AWS "
         "APIs (moto), a local SageMaker running the container's commands, the Lambda handlers "
         "in-process. State (buckets, models, history) lives in one folder and survives restarts.",
+        epilog=ExitCode.help(),
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default="INFO",
+        help="log verbosity of transform and quickstart (default: INFO)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -46,9 +66,113 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--endpoint", default=f"http://127.0.0.1:{DEFAULT_PORT}")
 
     sched = sub.add_parser("schedule", help="fire a schedule now (e.g. the retrain sweep)")
-    sched.add_argument("name", help="schedule name (see `sluice local status`)")
+    sched.add_argument("name", help="schedule name (see `sluice-local status`)")
     sched.add_argument("--endpoint", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+
+    _transform_parser(sub)
+    q = sub.add_parser(
+        "quickstart",
+        help="no AWS APIs at all: train a tiny model, batch-transform sample prompts (~1 min)",
+        description="Generate the embedded corpus, train a tiny GPT-2 with the container's "
+        "`sluice train`, evaluate it, and run a Batch Transform of two prompt files through its "
+        "real `sluice serve`.",
+    )
+    q.add_argument("--workdir", default="sluice-demo", help="where it writes its files")
+    q.add_argument("--steps", type=int, default=300, help="training steps")
     return p
+
+
+def _transform_parser(sub) -> None:
+    tr = sub.add_parser(
+        "transform",
+        help="a Batch Transform on this machine against the real `sluice serve`",
+        description="SageMaker Batch Transform semantics on this machine: inputs from a folder, "
+        "an s3:// prefix (AWS_ENDPOINT_URL or --endpoint-url for moto/LocalStack) or a manifest; "
+        "outputs <key>.out under --output. The local SageMaker runs its transform jobs with it.",
+    )
+    tr.add_argument("--model", required=True, help="model folder (save_pretrained layout)")
+    tr.add_argument("--input", required=True, help="folder, file, s3://bucket/prefix or manifest")
+    tr.add_argument("--output", required=True, help="folder or s3://bucket/prefix for .out files")
+    tr.add_argument("--manifest", action="store_true", help="--input is a manifest file")
+    tr.add_argument("--content-type", default="application/jsonlines")
+    tr.add_argument("--accept", default="application/jsonlines")
+    tr.add_argument("--split-type", choices=["Line", "None"], default="Line")
+    tr.add_argument("--strategy", choices=["MultiRecord", "SingleRecord"], help="BatchStrategy")
+    tr.add_argument("--max-payload-mb", type=int, help="MaxPayloadInMB (default: the container's)")
+    tr.add_argument("--max-concurrent-transforms", type=int, help="requests in flight")
+    tr.add_argument("--assemble-with", choices=["Line", "None"], default="Line")
+    tr.add_argument("--join-source", choices=["Input", "None"], default="None")
+    tr.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment for the serve process (e.g. SLUICE_TASK=score)",
+    )
+    tr.add_argument(
+        "--compression",
+        choices=["None", "Gzip"],
+        default="None",
+        help="CompressionType of the input objects",
+    )
+    tr.add_argument(
+        "--invocation-timeout",
+        type=int,
+        default=600,
+        help="seconds per request (ModelClientConfig.InvocationsTimeoutInSeconds)",
+    )
+    tr.add_argument(
+        "--max-retries",
+        type=int,
+        default=3,
+        help="retries of a failed request (ModelClientConfig.InvocationsMaxRetries)",
+    )
+    tr.add_argument(
+        "--capture-uri",
+        help="DataCaptureConfig.DestinationS3Uri: write batch capture manifests there",
+    )
+    tr.add_argument("--summary", help="also write the job's summary (JSON) to this file")
+    tr.add_argument("--endpoint-url", help="S3 endpoint (default: AWS_ENDPOINT_URL)")
+    tr.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+
+
+def cmd_transform(args) -> int:
+    from sluice.cli import show_progress
+
+    from .transform import TransformConfig, run_transform
+
+    cfg = TransformConfig(
+        content_type=args.content_type,
+        accept=args.accept,
+        split_type=args.split_type,
+        strategy=args.strategy,
+        max_payload_mb=args.max_payload_mb,
+        concurrency=args.max_concurrent_transforms,
+        assemble_with=args.assemble_with,
+        join_source=args.join_source,
+        env=parse_sets(args.env),
+        compression=args.compression,
+        capture_uri=args.capture_uri,
+        timeout_s=args.invocation_timeout,
+        max_retries=args.max_retries,
+    )
+    summary = run_transform(
+        Path(args.model),
+        args.input,
+        args.output,
+        cfg,
+        manifest=args.manifest,
+        endpoint_url=args.endpoint_url,
+        progress=show_progress(args),
+    )
+    print(json.dumps(summary, indent=2))
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary, indent=2))
+    return ExitCode.OK if summary["TransformJobStatus"] == "Completed" else ExitCode.FAILED
 
 
 def _stack_args(
@@ -112,26 +236,36 @@ def _get(endpoint: str, path: str, method: str = "GET") -> dict:
         raise SystemExit(f"{method} {path}: {json.loads(e.read()).get('message', e)}") from None
     except urllib.error.URLError as e:
         raise SystemExit(
-            f"no local Sluice at {endpoint} ({e.reason}): start it with `sluice local up`"
+            f"no local Sluice at {endpoint} ({e.reason}): start it with `sluice-local up`"
         ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status is an ExitCode (see `sluice-local --help`)."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "up":
             return cmd_up(args)
         if args.command == "demo":
             return cmd_demo(args)
+        if args.command in ("transform", "quickstart"):
+            setup_logging(args.log_level)
+            if args.command == "transform":
+                return cmd_transform(args)
+            from .quickstart import run_quickstart
+
+            return run_quickstart(Path(args.workdir), steps=args.steps)
         if args.command == "schedule":
             print(json.dumps(_get(args.endpoint, f"/_sluice/schedules/{args.name}", "POST")))
             return 0
         path = {"status": "/_sluice/status", "notifications": "/_sluice/notifications"}
         print(json.dumps(_get(args.endpoint, path[args.command]), indent=2))
         return 0
-    except TemplateError as e:
-        print(f"sluice local: {e}", file=sys.stderr)
-        return 1
+    except (TemplateError, SluiceError) as e:
+        print(f"sluice-local: {e}", file=sys.stderr)
+        return ExitCode.FAILED
+    except KeyboardInterrupt:
+        return ExitCode.CTRL_C
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`sluice local demo`: the whole event flow from nothing, on this machine.
+"""`sluice-local demo`: the whole event flow from nothing, on this machine.
 
 It starts local Sluice (template.yaml on local AWS APIs), then acts as its users would, with
 boto3 against the local endpoint: training text lands under training/ and the retraining state
@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from sluice.corpus import SAMPLE_PROMPTS, generate
-from sluice.demo import show_line
 from sluice_functions.aws import NO_MODEL
 
+from .corpus import SAMPLE_PROMPTS, generate
+from .quickstart import show_line
 from .stack import LocalStack
 from .template import parse_overrides, samconfig_overrides
 
@@ -97,8 +97,11 @@ class Users:
         arn = self.outputs["RetrainStateMachineArn"]
 
         def ended() -> dict | None:
-            found = [e for e in sfn.list_executions(stateMachineArn=arn)["executions"]
-                     if e["name"].startswith(name_prefix)]  # fmt: skip
+            found = [
+                e
+                for e in sfn.list_executions(stateMachineArn=arn)["executions"]
+                if e["name"].startswith(name_prefix)
+            ]
             if not found or found[0]["status"] == "RUNNING":
                 return None
             return sfn.describe_execution(executionArn=found[0]["executionArn"])
@@ -176,7 +179,7 @@ def run_demo(args) -> int:
         stack.stop()
     print(
         f"\nDone in {time.monotonic() - t0:.0f} s. Everything is kept in {state}/: "
-        f"`sluice local up --state {state}` starts it again where it stopped."
+        f"`sluice-local up --state {state}` starts it again where it stopped."
     )
     return 0
 

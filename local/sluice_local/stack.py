@@ -274,7 +274,7 @@ class LocalStack:
         lines += [
             f"  functions    {', '.join(sorted(self.functions.specs))}",
             f"  schedules    {', '.join(s['Name'] for s in self.scheduler.schedules())} "
-            "(on demand: sluice local schedule NAME)",
+            "(on demand: sluice-local schedule NAME)",
         ]
         by_reason: dict[tuple[str, str], list[str]] = {}
         for s in self.deployment.skipped:
@@ -308,7 +308,7 @@ class LocalStack:
         self.sagemaker.save()
         self.server.shutdown()
         self.server.server_close()
-        self.say("stack", f"stopped; `sluice local up --state {self.dir}` carries on from here")
+        self.say("stack", f"stopped; `sluice-local up --state {self.dir}` carries on from here")
         self.say.close()
 
     def wait_forever(self) -> None:

@@ -1,4 +1,4 @@
-"""Local Sluice end to end: `sluice local up` as a user runs it, driven with boto3 and the
+"""Local Sluice end to end: `sluice-local up` as a user runs it, driven with boto3 and the
 SageMaker Python SDK over its one endpoint.
 
 The flows build on each other, in order, on one stack (as a team's day would): new training
@@ -21,7 +21,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from sluice.corpus import generate
+from sluice_local.corpus import generate
 from sluice_local.demo import Users
 from tests.helpers import hp
 
@@ -33,7 +33,7 @@ OVERRIDES = [f"TrainingHyperparameters={json.dumps(TRAINING)}", "EdgeSequenceLen
 
 
 class Local:
-    """One `sluice local up` process and what its users hold."""
+    """One `sluice-local up` process and what its users hold."""
 
     def __init__(self, state: Path):
         self.state = state
@@ -47,8 +47,7 @@ class Local:
             [
                 sys.executable,
                 "-m",
-                "sluice.cli",
-                "local",
+                "sluice_local.cli",
                 "up",
                 "--state",
                 str(self.state),

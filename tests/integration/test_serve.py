@@ -14,12 +14,14 @@ import time
 
 import pytest
 
-from sluice.corpus import generate
+from sluice_local.corpus import generate
 
 # With SLUICE_TOKEN_BUDGET=64 every record is its own micro-batch: seconds of work on 2 cores.
 SLOW = {"SLUICE_TOKEN_BUDGET": "64"}
-LONG_BATCH = [{"id": i, "text": t, "parameters": {"max_new_tokens": 40}} for i, t in
-              enumerate(generate(2500, seed=11))]  # fmt: skip
+LONG_BATCH = [
+    {"id": i, "text": t, "parameters": {"max_new_tokens": 40}}
+    for i, t in enumerate(generate(2500, seed=11))
+]
 
 
 def free_port() -> int:
@@ -32,12 +34,26 @@ class Server:
     def __init__(self, model_dir, **env):
         self.port = free_port()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir),
-             "--host", "127.0.0.1"],
-            env={**os.environ, "SAGEMAKER_BIND_TO_PORT": str(self.port), "PYTHONUNBUFFERED": "1",
-                 **env},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "serve",
+                "--model-dir",
+                str(model_dir),
+                "--host",
+                "127.0.0.1",
+            ],
+            env={
+                **os.environ,
+                "SAGEMAKER_BIND_TO_PORT": str(self.port),
+                "PYTHONUNBUFFERED": "1",
+                **env,
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.log: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
         t0 = time.monotonic()
@@ -101,13 +117,24 @@ def test_ping_and_execution_parameters(server):
 
 
 def test_each_task_and_order_and_ids(server):
-    out = server.lines([
-        {"id": "a", "text": "The lazy cat eats", "parameters": {"max_new_tokens": 5}},
-        {"id": 2, "text": "In the desert there is often", "task": "score",
-         "parameters": {"per_token": True}},
-        {"id": None, "text": "Every horse likes", "task": "next_token", "parameters": {"top_k": 3}},
-        {"inputs": "Anna gave the rabbit some", "parameters": {"max_new_tokens": 3}},
-    ])  # fmt: skip
+    out = server.lines(
+        [
+            {"id": "a", "text": "The lazy cat eats", "parameters": {"max_new_tokens": 5}},
+            {
+                "id": 2,
+                "text": "In the desert there is often",
+                "task": "score",
+                "parameters": {"per_token": True},
+            },
+            {
+                "id": None,
+                "text": "Every horse likes",
+                "task": "next_token",
+                "parameters": {"top_k": 3},
+            },
+            {"inputs": "Anna gave the rabbit some", "parameters": {"max_new_tokens": 3}},
+        ]
+    )
     assert [o.get("id", "absent") for o in out] == ["a", 2, None, "absent"]
     assert out[0]["task"] == "generate" and out[0]["tokens"] <= 5
     s = out[1]
@@ -144,27 +171,43 @@ def test_json_array_out_when_asked(server):
 
 
 def test_bad_records_get_error_lines_and_the_rest_is_served(server):
-    body = "\n".join([
-        '{"id": 1, "text": "The cat"}',
-        "{not json",
-        '{"id": 3, "text": 42}',
-        '{"id": 4, "text": "x", "task": "translate"}',
-        '{"id": 5, "text": "x", "parameters": {"max_new_tokens": "ten"}}',
-        '{"id": 6, "text": "x", "parameters": {"nucleus": 0.9}}',
-        '{"id": 7, "text": "   "}',
-        json.dumps({"id": 8, "text": "cat " * 200, "parameters": {"truncation": "error"}}),
-        json.dumps({"id": 9, "text": "cat " * 200, "parameters": {"max_new_tokens": 2}}),
-        "",
-        '{"id": 11, "text": "The dog"}',
-    ]).encode() + b"\n" + b'{"id": 12, "text": "caf\xe9"}'  # fmt: skip
+    body = (
+        "\n".join(
+            [
+                '{"id": 1, "text": "The cat"}',
+                "{not json",
+                '{"id": 3, "text": 42}',
+                '{"id": 4, "text": "x", "task": "translate"}',
+                '{"id": 5, "text": "x", "parameters": {"max_new_tokens": "ten"}}',
+                '{"id": 6, "text": "x", "parameters": {"nucleus": 0.9}}',
+                '{"id": 7, "text": "   "}',
+                json.dumps({"id": 8, "text": "cat " * 200, "parameters": {"truncation": "error"}}),
+                json.dumps({"id": 9, "text": "cat " * 200, "parameters": {"max_new_tokens": 2}}),
+                "",
+                '{"id": 11, "text": "The dog"}',
+            ]
+        ).encode()
+        + b"\n"
+        + b'{"id": 12, "text": "caf\xe9"}'
+    )
     status, text, _ = server.post(body)
     assert status == 200
     out = [json.loads(x) for x in text.split("\n")]
     codes = [o.get("error", {}).get("code") for o in out]
     assert codes == [
-        None, "invalid_json", "invalid_text", "unknown_task", "invalid_parameter",
-        "invalid_parameter", "empty_text", "too_long", None, "invalid_json", None, "invalid_utf8",
-    ]  # fmt: skip
+        None,
+        "invalid_json",
+        "invalid_text",
+        "unknown_task",
+        "invalid_parameter",
+        "invalid_parameter",
+        "empty_text",
+        "too_long",
+        None,
+        "invalid_json",
+        None,
+        "invalid_utf8",
+    ]
     assert out[8]["generated_text"] is not None  # truncated from the left by default
     assert [o.get("id") for o in out if "id" in o] == [1, 3, 4, 5, 6, 7, 8, 9, 11]
 
@@ -218,8 +261,10 @@ def test_ping_answers_during_a_long_request(trained):
 
 
 def test_greedy_output_is_the_same_alone_or_in_a_batch_of_500(server):
-    records = [{"id": i, "text": t, "parameters": {"max_new_tokens": 8}}
-               for i, t in enumerate(generate(500, seed=21))]  # fmt: skip
+    records = [
+        {"id": i, "text": t, "parameters": {"max_new_tokens": 8}}
+        for i, t in enumerate(generate(500, seed=21))
+    ]
     batched = server.lines(records)
     for i in range(0, 500, 50):
         alone = server.lines([records[i]])[0]
@@ -241,8 +286,9 @@ def test_seeded_sampling_is_reproducible_in_any_batch(server):
     b = server.lines([*others[:10], rec, *others[10:]])[10]["generated_text"]
     c = server.lines([{**rec, "parameters": {**rec["parameters"], "seed": 8}}])[0]
     assert a == b
-    several = server.lines([{**rec, "parameters": {**rec["parameters"],
-                                                   "num_return_sequences": 3}}])[0]  # fmt: skip
+    several = server.lines(
+        [{**rec, "parameters": {**rec["parameters"], "num_return_sequences": 3}}]
+    )[0]
     assert several["generations"][0]["generated_text"] == a
     assert len({g["generated_text"] for g in several["generations"]} | {c["generated_text"]}) > 1
 
@@ -258,8 +304,10 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_lines(server):
     results = {}
 
     def call(k):
-        recs = [{"id": f"{k}-{i}", "text": t, "task": "score"} for i, t in
-                enumerate(generate(40, seed=k))]  # fmt: skip
+        recs = [
+            {"id": f"{k}-{i}", "text": t, "task": "score"}
+            for i, t in enumerate(generate(40, seed=k))
+        ]
         results[k] = server.lines(recs)
 
     threads = [threading.Thread(target=call, args=(k,)) for k in range(6)]

@@ -64,10 +64,17 @@ def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, c
             t.add(p, arcname=p.name)
     out = tmp_path / "job"
     proc = run_sluice(
-        "train", "--train", str(corpus_dir / "train"), "--pretrained", str(tar.parent),
-        "--baseline", str(tar.parent), "--output", str(out),
+        "train",
+        "--train",
+        str(corpus_dir / "train"),
+        "--pretrained",
+        str(tar.parent),
+        "--baseline",
+        str(tar.parent),
+        "--output",
+        str(out),
         *sets(hp(max_steps=10, learning_rate=0.001)),
-    )  # fmt: skip
+    )
     report = read_json(out / "model" / "evaluation.json")
     assert report["mode"] == "finetune"
     assert report["comparison"]["metric"] == "perplexity"
@@ -116,12 +123,23 @@ def test_warm_start_from_the_baseline_channel_publishes_artifacts_to_s3(
         s3.create_bucket(Bucket="sluice-data")
         out = tmp_path / "job"
         run_sluice(
-            "train", "--train", str(corpus_dir / "train"), "--baseline", str(trained["model"]),
-            "--output", str(out),
-            *sets(hp(max_steps=5, warm_start="true", export_edge="true",
-                     artifacts_s3_uri="s3://sluice-data/models/job-1/artifacts/")),
+            "train",
+            "--train",
+            str(corpus_dir / "train"),
+            "--baseline",
+            str(trained["model"]),
+            "--output",
+            str(out),
+            *sets(
+                hp(
+                    max_steps=5,
+                    warm_start="true",
+                    export_edge="true",
+                    artifacts_s3_uri="s3://sluice-data/models/job-1/artifacts/",
+                )
+            ),
             env=env,
-        )  # fmt: skip
+        )
         report = read_json(out / "model" / "evaluation.json")
         assert report["mode"] == "finetune" and report["comparison"]["same_tokenizer"] is True
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket="sluice-data")["Contents"]}
@@ -141,9 +159,15 @@ def test_warm_start_from_the_baseline_channel_publishes_artifacts_to_s3(
 def test_champion_with_another_tokenizer_is_compared_per_byte(tmp_path, trained, corpus_dir):
     out = tmp_path / "job"
     run_sluice(
-        "train", "--train", str(corpus_dir / "train"), "--baseline", str(trained["model"]),
-        "--output", str(out), *sets(hp(max_steps=5, vocab_size=320)),
-    )  # fmt: skip
+        "train",
+        "--train",
+        str(corpus_dir / "train"),
+        "--baseline",
+        str(trained["model"]),
+        "--output",
+        str(out),
+        *sets(hp(max_steps=5, vocab_size=320)),
+    )
     comparison = read_json(out / "model" / "evaluation.json")["comparison"]
     assert comparison["same_tokenizer"] is False
     assert comparison["metric"] == "byte_perplexity"
@@ -161,9 +185,13 @@ def test_resume_after_interruption_equals_the_uninterrupted_run(tmp_path, corpus
 
     part = tmp_path / "part"
     stopped = run_sluice(
-        *train, "--output", str(part), *sets(params),
-        env={"SLUICE_STOP_AFTER_STEP": "12"}, check=False,
-    )  # fmt: skip
+        *train,
+        "--output",
+        str(part),
+        *sets(params),
+        env={"SLUICE_STOP_AFTER_STEP": "12"},
+        check=False,
+    )
     assert stopped.returncode == 143, stopped.stdout[-2000:]
     assert not (part / "model").exists() or not any((part / "model").iterdir())
     ckpts = sorted(p.name for p in (part / "checkpoints").glob("step-*.pt"))
@@ -182,12 +210,24 @@ def test_resume_after_interruption_equals_the_uninterrupted_run(tmp_path, corpus
 
 def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir):
     out = tmp_path / "job"
-    cmd = [sys.executable, "-m", "sluice.cli", "train", "--train", str(corpus_dir / "train"),
-           "--output", str(out), *sets(hp(max_steps=100000, log_interval=1))]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "sluice.cli",
+        "train",
+        "--train",
+        str(corpus_dir / "train"),
+        "--output",
+        str(out),
+        *sets(hp(max_steps=100000, log_interval=1)),
+    ]
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -208,9 +248,15 @@ def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir):
 def test_two_process_ddp_on_cpu_has_one_writer(tmp_path, corpus_dir):
     out = tmp_path / "job"
     proc = run_sluice(
-        "train", "--train", str(corpus_dir / "train"), "--output", str(out), "--nproc", "2",
+        "train",
+        "--train",
+        str(corpus_dir / "train"),
+        "--output",
+        str(out),
+        "--nproc",
+        "2",
         *sets(hp(max_steps=10, checkpoint_interval=5, batch_size=4)),
-    )  # fmt: skip
+    )
     assert "--nproc_per_node=2" in proc.stdout
     assert "world size 2" in proc.stdout
     assert proc.stdout.count("model written to") == 1
@@ -238,7 +284,7 @@ def opt_ml_tree(root: Path, hyperparameters: dict, files: dict[str, bytes | str]
 def test_opt_ml_contract_end_to_end(tmp_path):
     import gzip
 
-    from sluice.corpus import generate
+    from sluice_local.corpus import generate
 
     lines = generate(1200, seed=5)
     jsonl = "\n".join(json.dumps({"id": i, "body": t}) for i, t in enumerate(lines[:600]))
@@ -258,18 +304,34 @@ def test_opt_ml_contract_end_to_end(tmp_path):
 @pytest.mark.parametrize(
     "hyperparameters, files, reason",
     [
-        (hp(learning_rate="fast"), {"train/t.txt": "a\nb\n"},
-         "hyperparameter learning_rate='fast' is not a number"),
+        (
+            hp(learning_rate="fast"),
+            {"train/t.txt": "a\nb\n"},
+            "hyperparameter learning_rate='fast' is not a number",
+        ),
         (hp(), {"train/t.csv": "id,body\n1,hello\n"}, "no column 'text' in header"),
         (hp(), {"train/t.txt": "\n \n"}, "has no usable records"),
         (hp(), {"train/t.txt": b"ok\n\xff\xfe broken\n"}, "are not UTF-8"),
-        (hp(), {"train/t.txt": "a\n", "pretrained/config.json": json.dumps(
-            {"model_type": "bert", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
-             "num_attention_heads": 1, "intermediate_size": 8})},
-         "is not a causal (decoder-only) language model"),
+        (
+            hp(),
+            {
+                "train/t.txt": "a\n",
+                "pretrained/config.json": json.dumps(
+                    {
+                        "model_type": "bert",
+                        "vocab_size": 10,
+                        "hidden_size": 8,
+                        "num_hidden_layers": 1,
+                        "num_attention_heads": 1,
+                        "intermediate_size": 8,
+                    }
+                ),
+            },
+            "is not a causal (decoder-only) language model",
+        ),
     ],
     ids=["bad-hyperparameter", "csv-without-column", "empty-channel", "undecodable", "encoder"],
-)  # fmt: skip
+)
 def test_bad_input_fails_fast_with_one_line_and_no_model(tmp_path, hyperparameters, files, reason):
     root = opt_ml_tree(tmp_path / "opt_ml", hyperparameters, files)
     proc = run_sluice("train", env={"SLUICE_OPT_ML": str(root)}, check=False)
@@ -282,9 +344,14 @@ def test_bad_input_fails_fast_with_one_line_and_no_model(tmp_path, hyperparamete
 
 def test_evaluate_command_scores_several_models_on_the_same_records(trained, corpus_dir):
     proc = run_sluice(
-        "evaluate", str(trained["model"]), str(trained["model"]),
-        "--data", str(corpus_dir / "heldout"), "--max-records", "50",
-    )  # fmt: skip
+        "evaluate",
+        str(trained["model"]),
+        str(trained["model"]),
+        "--data",
+        str(corpus_dir / "heldout"),
+        "--max-records",
+        "50",
+    )
     result = json.loads(proc.stdout[proc.stdout.index("{") :])
     (only,) = result.values()  # the same folder twice is one entry
     assert only["records"] == 50 and only["perplexity"] > 1

@@ -1,4 +1,4 @@
-"""`sluice transform`: Batch Transform semantics against the real serve process and moto's S3."""
+"""`sluice-local transform`: Batch Transform semantics against the real serve and moto's S3."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.helpers import run_sluice
+from tests.helpers import run_local
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -48,18 +48,31 @@ def test_s3_prefix_with_manifest_multi_record_and_join(trained, s3_endpoint):
         "incoming/a b/ünï.jsonl": jsonl([{"id": i, "text": f"The cat {i}"} for i in range(30)]),
         "incoming/b.jsonl": jsonl([{"id": "x", "text": "In the desert", "task": "score"}, 42]),
         "incoming/c.jsonl": jsonl([{"id": "skip", "text": "not in the manifest"}]),
-    }  # fmt: skip
+    }
     for key, body in files.items():
         s3.put_object(Bucket="data", Key=key, Body=body)
     manifest = [{"prefix": "s3://data/incoming/"}, "a b/ünï.jsonl", "b.jsonl"]
     s3.put_object(Bucket="data", Key="manifests/m.json", Body=json.dumps(manifest).encode())
 
-    proc = run_sluice(
-        "transform", "--model", str(trained["model"]), "--input", "s3://data/manifests/m.json",
-        "--manifest", "--output", "s3://data/outputs/job-1", "--endpoint-url", s3_endpoint,
-        "--max-payload-mb", "1", "--join-source", "Input", "--env", "SLUICE_BATCH_WAIT_MS=1",
+    proc = run_local(
+        "transform",
+        "--model",
+        str(trained["model"]),
+        "--input",
+        "s3://data/manifests/m.json",
+        "--manifest",
+        "--output",
+        "s3://data/outputs/job-1",
+        "--endpoint-url",
+        s3_endpoint,
+        "--max-payload-mb",
+        "1",
+        "--join-source",
+        "Input",
+        "--env",
+        "SLUICE_BATCH_WAIT_MS=1",
         env=AWS_ENV,
-    )  # fmt: skip
+    )
     summary = json.loads(proc.stdout[proc.stdout.index("{\n") :])
     assert summary["TransformJobStatus"] == "Completed"
     assert summary["records"] == 32 and summary["error_lines"] == 1
@@ -85,22 +98,42 @@ def test_local_folder_single_record_and_no_split(trained, tmp_path):
     (src / "p.txt").write_text("The cat\nThe dog\n")
     (src / "sub" / "q.txt").write_text("The cow\n")
     out = tmp_path / "out"
-    proc = run_sluice(
-        "transform", "--model", str(trained["model"]), "--input", str(src), "--output", str(out),
-        "--content-type", "text/plain", "--strategy", "SingleRecord",
-        "--max-concurrent-transforms", "3",
-    )  # fmt: skip
+    proc = run_local(
+        "transform",
+        "--model",
+        str(trained["model"]),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--content-type",
+        "text/plain",
+        "--strategy",
+        "SingleRecord",
+        "--max-concurrent-transforms",
+        "3",
+    )
     summary = json.loads(proc.stdout[proc.stdout.index("{\n") :])
     assert summary["BatchStrategy"] == "SingleRecord" and summary["records"] == 3
     assert len((out / "p.txt.out").read_text().splitlines()) == 2
     assert len((out / "sub" / "q.txt.out").read_text().splitlines()) == 1
 
     whole = tmp_path / "whole"
-    run_sluice(
-        "transform", "--model", str(trained["model"]), "--input", str(src / "p.txt"),
-        "--output", str(whole), "--content-type", "text/plain", "--split-type", "None",
-        "--assemble-with", "None",
-    )  # fmt: skip
+    run_local(
+        "transform",
+        "--model",
+        str(trained["model"]),
+        "--input",
+        str(src / "p.txt"),
+        "--output",
+        str(whole),
+        "--content-type",
+        "text/plain",
+        "--split-type",
+        "None",
+        "--assemble-with",
+        "None",
+    )
     assert len((whole / "p.txt.out").read_text().split("\n")) == 2
 
 
@@ -110,10 +143,16 @@ def test_a_failing_file_gets_no_output_and_fails_the_job(trained, tmp_path):
     (src / "good.jsonl").write_text('{"text": "The cat"}\n')
     (src / "bad.jsonl").write_bytes('{"text": "x"}\n'.encode("utf-16"))  # unreadable: a 400
     out = tmp_path / "out"
-    proc = run_sluice(
-        "transform", "--model", str(trained["model"]), "--input", str(src), "--output", str(out),
+    proc = run_local(
+        "transform",
+        "--model",
+        str(trained["model"]),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
         check=False,
-    )  # fmt: skip
+    )
     assert proc.returncode == 1
     summary = json.loads(proc.stdout[proc.stdout.index("{\n") :])
     assert summary["TransformJobStatus"] == "Failed"
@@ -135,12 +174,25 @@ def test_gzip_inputs_and_batch_capture_manifests(trained, s3_endpoint, tmp_path)
     )
     s3.put_object(Bucket="cap", Key="in/b.jsonl.gz", Body=b"not gzip at all")
     summary_file = tmp_path / "summary.json"
-    proc = run_sluice(
-        "transform", "--model", str(trained["model"]), "--input", "s3://cap/in/",
-        "--output", "s3://cap/out/", "--endpoint-url", s3_endpoint, "--compression", "Gzip",
-        "--capture-uri", "s3://cap/capture/batch/job-1/", "--summary", str(summary_file),
-        env=AWS_ENV, check=False,
-    )  # fmt: skip
+    proc = run_local(
+        "transform",
+        "--model",
+        str(trained["model"]),
+        "--input",
+        "s3://cap/in/",
+        "--output",
+        "s3://cap/out/",
+        "--endpoint-url",
+        s3_endpoint,
+        "--compression",
+        "Gzip",
+        "--capture-uri",
+        "s3://cap/capture/batch/job-1/",
+        "--summary",
+        str(summary_file),
+        env=AWS_ENV,
+        check=False,
+    )
     assert proc.returncode == 1  # b.jsonl.gz fails the job, a.jsonl.gz still gets its output
     summary = json.loads(summary_file.read_text())
     assert summary["TransformJobStatus"] == "Failed" and "not gzip" in summary["FailureReason"]

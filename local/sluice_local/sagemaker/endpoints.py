@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from sluice.errors import SluiceError
-from sluice.transform import ServeProcess
 
+from ..transform import ServeProcess
 from .api import LocalSageMaker
 from .runtime import Context, now, primary_container, split_s3
 from .shapes import ApiError

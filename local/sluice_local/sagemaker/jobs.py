@@ -285,7 +285,8 @@ class TrainingRunner(JobRunner):
 
 
 class TransformRunner(JobRunner):
-    """`sluice transform` (the real serve process, SageMaker's Batch Transform semantics)."""
+    """A transform job: SageMaker's side is the local driver (`sluice-local transform`), the
+    container it calls is the image's real `sluice serve`."""
 
     kind, status_key = "TransformJob", "TransformJobStatus"
     start_key, end_key = "TransformStartTime", "TransformEndTime"
@@ -315,7 +316,9 @@ class TransformRunner(JobRunner):
             "--invocation-timeout": client.get("InvocationsTimeoutInSeconds", 600),
             "--max-retries": client.get("InvocationsMaxRetries", 3),
         }
-        argv = ["sluice", "transform", *as_args(flags)]
+        # SageMaker's side of the job (split, batch, call the container, assemble) is the
+        # emulator's own driver; the container it calls is the image's real `sluice serve`.
+        argv = [sys.executable, "-m", "sluice_local.cli", "transform", *as_args(flags)]
         if source.get("S3DataType") == "ManifestFile":
             argv.append("--manifest")
         if (r.get("DataCaptureConfig") or {}).get("DestinationS3Uri"):
@@ -325,7 +328,7 @@ class TransformRunner(JobRunner):
             **(r.get("Environment") or {}),
         }.items():
             argv += ["--env", f"{k}={v}"]
-        rc = self.container(name, argv, {}, folder / "job.log").wait()
+        rc = self.process(name, argv, {}, folder / "job.log").wait()
         summary_file = folder / "summary.json"
         if rc == 0 and summary_file.exists():
             return {self.status_key: "Completed"}

@@ -20,14 +20,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice import s3uri
+from sluice.errors import SluiceError
+
 from .shapes import ApiError
 
 
 def split_s3(uri: str) -> tuple[str, str]:
-    if not uri.startswith("s3://"):
-        raise ApiError("ValidationException", f"{uri!r} is not an s3:// URI")
-    bucket, _, key = uri[5:].partition("/")
-    return bucket, key
+    """`sluice.s3uri.split_s3`, its error as SageMaker's ValidationException."""
+    try:
+        return s3uri.split_s3(uri)
+    except SluiceError as e:
+        raise ApiError("ValidationException", str(e)) from None
 
 
 @dataclass

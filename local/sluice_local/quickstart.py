@@ -1,4 +1,8 @@
-"""`sluice demo`: Sluice's main job on embedded defaults, on one machine with nothing downloaded."""
+"""`sluice-local quickstart`: train a tiny model and batch-transform files, with no AWS APIs at all.
+
+The container's real `sluice train`, then the local Batch Transform driver against its real
+`sluice serve`: a minute on 2 cores, nothing downloaded, nothing started but processes.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from pathlib import Path
 from .corpus import SAMPLE_PROMPTS, write_corpus
 
 
-def run_demo(workdir: Path, steps: int = 300) -> int:
+def run_quickstart(workdir: Path, steps: int = 300) -> int:
+    """Train, evaluate and batch-transform the sample prompts under `workdir`; 0 when all ran."""
     workdir = workdir.resolve()
     data = workdir / "data"
     write_corpus(data / "train" / "corpus.txt", 4000, seed=1)
@@ -19,12 +24,34 @@ def run_demo(workdir: Path, steps: int = 300) -> int:
     print(f"1/3 training a tiny GPT-2 on the embedded corpus ({steps} steps) -> {out}/model")
     t0 = time.perf_counter()
     cmd = [
-        sys.executable, "-m", "sluice.cli", "train", "--train", str(data / "train"),
-        "--output", str(out), "--progress",
-        "--set", "model_size=tiny", "--set", f"max_steps={steps}", "--set", "batch_size=16",
-        "--set", "block_size=64", "--set", "learning_rate=3e-3", "--set", "warmup_steps=20",
-        "--set", "log_interval=50", "--set", "checkpoint_interval=0", "--set", "vocab_size=512",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "sluice.cli",
+        "train",
+        "--train",
+        str(data / "train"),
+        "--output",
+        str(out),
+        "--progress",
+        "--set",
+        "model_size=tiny",
+        "--set",
+        f"max_steps={steps}",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "block_size=64",
+        "--set",
+        "learning_rate=3e-3",
+        "--set",
+        "warmup_steps=20",
+        "--set",
+        "log_interval=50",
+        "--set",
+        "checkpoint_interval=0",
+        "--set",
+        "vocab_size=512",
+    ]
     rc = subprocess.call(cmd)
     if rc != 0:
         failure = out / "output" / "failure"
@@ -33,7 +60,7 @@ def run_demo(workdir: Path, steps: int = 300) -> int:
     print(f"   trained in {time.perf_counter() - t0:.0f} s")
 
     model_dir = out / "model"
-    from .model import load_model
+    from sluice.model import load_model
 
     _, tok = load_model(model_dir)
     report = json.loads((model_dir / "evaluation.json").read_text())
@@ -46,14 +73,20 @@ def run_demo(workdir: Path, steps: int = 300) -> int:
     print("3/3 batch transform of dropped files, through the real serve process:")
     incoming = data / "incoming"
     incoming.mkdir(parents=True, exist_ok=True)
-    prompts = [{"id": f"p{i}", "text": p, "parameters": {"max_new_tokens": 12}}
-               for i, p in enumerate(SAMPLE_PROMPTS)]  # fmt: skip
+    prompts = [
+        {"id": f"p{i}", "text": p, "parameters": {"max_new_tokens": 12}}
+        for i, p in enumerate(SAMPLE_PROMPTS)
+    ]
     mixed = [
         {"id": "s1", "task": "score", "text": "The lazy cat eats fish in the morning."},
         {"id": "s2", "task": "score", "text": "Morning the in fish eats cat lazy the."},
-        {"id": "n1", "task": "next_token", "text": "Every rabbit likes",
-         "parameters": {"top_k": 3}},
-    ]  # fmt: skip
+        {
+            "id": "n1",
+            "task": "next_token",
+            "text": "Every rabbit likes",
+            "parameters": {"top_k": 3},
+        },
+    ]
     (incoming / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in prompts) + "\n")
     (incoming / "mixed.jsonl").write_text(
         "\n".join(json.dumps(p) for p in mixed) + "\n{this line is not JSON}\n"
@@ -62,8 +95,10 @@ def run_demo(workdir: Path, steps: int = 300) -> int:
 
     summary = run_transform(model_dir, str(incoming), str(workdir / "outputs"), TransformConfig())
     for f in summary["files"]:
-        print(f"   {Path(f['uri']).name} -> {f['output']} ({f['records']} lines, "
-              f"{f['error_lines']} error lines)")  # fmt: skip
+        print(
+            f"   {Path(f['uri']).name} -> {f['output']} ({f['records']} lines, "
+            f"{f['error_lines']} error lines)"
+        )
         inputs = Path(f["uri"]).read_text().splitlines()
         outputs = Path(f["output"]).read_text().splitlines()
         for line_in, line_out in zip(inputs, outputs, strict=True):

@@ -62,10 +62,15 @@ KITCHEN = (
 def kitchen_sentence(rng: random.Random) -> str:
     a, b = rng.sample(INGREDIENTS, 2)
     return rng.choice(KITCHEN).format(
-        ingredient=a, ingredient2=b, minutes=rng.choice([5, 10, 15, 20, 30, 45]),
-        name=rng.choice(NAMES), vegetable=rng.choice(VEGETABLES), spice=rng.choice(SPICES),
-        degrees=rng.choice([160, 180, 200, 220]), dish=rng.choice(DISHES),
-    )  # fmt: skip
+        ingredient=a,
+        ingredient2=b,
+        minutes=rng.choice([5, 10, 15, 20, 30, 45]),
+        name=rng.choice(NAMES),
+        vegetable=rng.choice(VEGETABLES),
+        spice=rng.choice(SPICES),
+        degrees=rng.choice([160, 180, 200, 220]),
+        dish=rng.choice(DISHES),
+    )
 
 
 def sentence(rng: random.Random) -> str:

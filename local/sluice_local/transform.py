@@ -1,4 +1,5 @@
-"""`sluice transform`: a SageMaker Batch Transform on this machine, against the real serve process.
+"""`sluice-local transform`: SageMaker's side of a Batch Transform on this machine, against the
+image's real `sluice serve` process.
 
 Follows CreateTransformJob's semantics: inputs under a local folder or an `s3://` prefix (any S3
 endpoint: AWS_ENDPOINT_URL or --endpoint-url, moto's included) or listed by a manifest file;
@@ -25,22 +26,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import SluiceError
-from .records import split_lines
+from tqdm import tqdm
 
-log = logging.getLogger("sluice.transform")
+from sluice.errors import SluiceError
+from sluice.records import split_lines
+from sluice.s3uri import is_s3, split_s3
+
+log = logging.getLogger("sluice_local.transform")
 
 
 # --- storage: local folders and S3 behind one small interface --------------------------------
-
-
-def is_s3(uri: str) -> bool:
-    return uri.startswith("s3://")
-
-
-def split_s3(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri[5:].partition("/")
-    return bucket, key
 
 
 class Storage:
@@ -178,8 +173,13 @@ def gunzip(body: bytes, uri: str) -> bytes:
         raise SluiceError(f"{uri} is not gzip (CompressionType=Gzip): {e}") from None
 
 
-def capture_manifests(storage: Storage, capture_uri: str, inputs: list[tuple[str, str]],
-                      results: list[FileResult], output_uri: str) -> None:  # fmt: skip
+def capture_manifests(
+    storage: Storage,
+    capture_uri: str,
+    inputs: list[tuple[str, str]],
+    results: list[FileResult],
+    output_uri: str,
+) -> None:
     """Batch data capture as SageMaker writes it: manifests of the job's input objects and of
     its outputs (not copies) under <capture>/input/ and <capture>/output/, by hour."""
     import uuid
@@ -191,10 +191,11 @@ def capture_manifests(storage: Storage, capture_uri: str, inputs: list[tuple[str
     in_prefix = inputs[0][0][: len(inputs[0][0]) - len(inputs[0][1])] if inputs else ""
     docs = {
         "input": [{"prefix": in_prefix}, *[rel for _, rel in inputs]],
-        "output": [{"prefix": output_uri.rstrip("/") + "/"},
-                   *[rel + ".out" for (_, rel), r in zip(inputs, results, strict=True)
-                     if r.output]],
-    }  # fmt: skip
+        "output": [
+            {"prefix": output_uri.rstrip("/") + "/"},
+            *[rel + ".out" for (_, rel), r in zip(inputs, results, strict=True) if r.output],
+        ],
+    }
     for kind, doc in docs.items():
         storage.write(f"{base}/{kind}/{hour}/{name}", json.dumps(doc).encode())
 
@@ -224,8 +225,13 @@ def join_input(inputs: list[bytes], outputs: list[bytes], content_type: str) -> 
 class ServeProcess:
     """The real `sluice serve` in a subprocess on a free port, as SageMaker starts the image."""
 
-    def __init__(self, model_dir: Path, env: dict[str, str], log_path: Path | None = None,
-                 base_env: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model_dir: Path,
+        env: dict[str, str],
+        log_path: Path | None = None,
+        base_env: dict[str, str] | None = None,
+    ):
         """`env` over `base_env` (default: this process's environment); output to `log_path`."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -235,10 +241,20 @@ class ServeProcess:
         full_env = {**base, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env}
         log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir),
-             "--host", "127.0.0.1"],
-            env=full_env, stdout=log, stderr=subprocess.STDOUT if log else None,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "serve",
+                "--model-dir",
+                str(model_dir),
+                "--host",
+                "127.0.0.1",
+            ],
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+        )
         if log:
             log.close()
 
@@ -265,9 +281,11 @@ class ServeProcess:
 
     def invoke(self, body: bytes, cfg: TransformConfig) -> bytes:
         req = urllib.request.Request(
-            self.url + "/invocations", data=body, method="POST",
+            self.url + "/invocations",
+            data=body,
+            method="POST",
             headers={"Content-Type": cfg.content_type, "Accept": cfg.accept},
-        )  # fmt: skip
+        )
         last = None
         for attempt in range(cfg.max_retries + 1):
             try:
@@ -292,9 +310,14 @@ class ServeProcess:
 
 
 def run_transform(
-    model_dir: Path, input_uri: str, output_uri: str, cfg: TransformConfig,
-    manifest: bool = False, endpoint_url: str | None = None,
-) -> dict:  # fmt: skip
+    model_dir: Path,
+    input_uri: str,
+    output_uri: str,
+    cfg: TransformConfig,
+    manifest: bool = False,
+    endpoint_url: str | None = None,
+    progress: bool = False,
+) -> dict:
     """Run the job; returns a summary like a DescribeTransformJob plus per-file counts."""
     storage = Storage(endpoint_url)
     inputs = resolve_inputs(storage, input_uri, manifest)
@@ -314,10 +337,13 @@ def run_transform(
         cfg = TransformConfig(**{**cfg.__dict__, "strategy": strategy})
         log.info(
             "transform: %d objects, %s, MaxPayloadInMB=%d, MaxConcurrentTransforms=%d",
-            len(inputs), strategy, payload_mb, concurrency,
-        )  # fmt: skip
+            len(inputs),
+            strategy,
+            payload_mb,
+            concurrency,
+        )
         results = _transform_files(
-            storage, server, inputs, output_uri, cfg, payload_mb, concurrency
+            storage, server, inputs, output_uri, cfg, payload_mb, concurrency, progress
         )
     finally:
         server.stop()
@@ -339,7 +365,7 @@ def run_transform(
     }
 
 
-def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concurrency):
+def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concurrency, progress):
     limit = payload_mb * 2**20
     results: list[FileResult] = []
     plan = []  # (file index, payload index, body)
@@ -364,8 +390,12 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
         except SluiceError as e:
             responses[(i, k)] = e
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(call, plan))
+    with (
+        ThreadPoolExecutor(max_workers=concurrency) as pool,
+        tqdm(total=len(plan), unit="request", disable=not progress) as bar,
+    ):
+        for _ in pool.map(call, plan):
+            bar.update()
     for i, (_, rel) in enumerate(inputs):
         r = results[i]
         if r.failure:
