@@ -10,13 +10,31 @@ from botocore.exceptions import ClientError
 
 # Retried by SQS (batch item failure) rather than acknowledged: the next attempt may succeed.
 TRANSIENT = {
-    "ThrottlingException", "Throttling", "ThrottledException", "RequestLimitExceeded",
-    "TooManyRequestsException", "ServiceUnavailable", "InternalFailure", "InternalServerError",
-    "ResourceLimitExceeded", "SlowDown", "RequestTimeout",
-}  # fmt: skip
+    "ThrottlingException",
+    "Throttling",
+    "ThrottledException",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "ServiceUnavailable",
+    "InternalFailure",
+    "InternalServerError",
+    "ResourceLimitExceeded",
+    "SlowDown",
+    "RequestTimeout",
+}
 # What the model parameter holds until retraining promotes a first model (template.yaml: "none").
 NO_MODEL = ("", "none", "None")
 CONFIG = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=30)
+
+
+def current_model(parameter: str, max_age: int = 60) -> str | None:
+    """The model batch inference and monitoring use (the SSM parameter retraining points), or
+    None while it holds its placeholder. Read through Powertools Parameters: cached `max_age`
+    seconds per warm container, so a burst of invocations costs one GetParameter."""
+    from aws_lambda_powertools.utilities import parameters
+
+    name = parameters.get_parameter(parameter, max_age=max_age)
+    return None if name in NO_MODEL else name
 
 
 @cache

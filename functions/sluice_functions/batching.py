@@ -81,24 +81,26 @@ class Settings:
         return cls(
             stage=env["STAGE"],
             bucket=env["DATA_BUCKET"],
-            incoming_prefix=env.get("INCOMING_PREFIX", "incoming/"),
+            incoming_prefix=env.get("INCOMING_PREFIX", cls.incoming_prefix),
             suffixes=csv("INPUT_SUFFIXES") or cls.suffixes,
-            max_files=int(env.get("MAX_FILES_PER_JOB", 1000)),
-            max_bytes=int(env.get("MAX_BYTES_PER_JOB", 5 * 2**30)),
-            role_arn=env.get("SAGEMAKER_ROLE_ARN", ""),
-            kms_key_arn=env.get("KMS_KEY_ARN", ""),
-            instance_type=env.get("TRANSFORM_INSTANCE_TYPE", "ml.g5.xlarge"),
-            instance_count=int(env.get("TRANSFORM_INSTANCE_COUNT", 1)),
-            max_payload_mb=int(env.get("MAX_PAYLOAD_MB", 1)),
-            max_concurrent=int(env.get("MAX_CONCURRENT_TRANSFORMS", 0)),
-            invocation_timeout_s=int(env.get("INVOCATION_TIMEOUT_SECONDS", 3600)),
-            invocation_retries=int(env.get("INVOCATION_MAX_RETRIES", 1)),
-            content_type=env.get("CONTENT_TYPE", "application/jsonlines"),
-            accept=env.get("ACCEPT", "application/jsonlines"),
-            join_source=env.get("JOIN_SOURCE", "None"),
-            task=env.get("DEFAULT_TASK", "generate"),
-            parameters=env.get("DEFAULT_PARAMETERS", "{}") or "{}",
-            capture=env.get("DATA_CAPTURE", "true").lower() == "true",
+            max_files=int(env.get("MAX_FILES_PER_JOB", cls.max_files)),
+            max_bytes=int(env.get("MAX_BYTES_PER_JOB", cls.max_bytes)),
+            role_arn=env.get("SAGEMAKER_ROLE_ARN", cls.role_arn),
+            kms_key_arn=env.get("KMS_KEY_ARN", cls.kms_key_arn),
+            instance_type=env.get("TRANSFORM_INSTANCE_TYPE", cls.instance_type),
+            instance_count=int(env.get("TRANSFORM_INSTANCE_COUNT", cls.instance_count)),
+            max_payload_mb=int(env.get("MAX_PAYLOAD_MB", cls.max_payload_mb)),
+            max_concurrent=int(env.get("MAX_CONCURRENT_TRANSFORMS", cls.max_concurrent)),
+            invocation_timeout_s=int(
+                env.get("INVOCATION_TIMEOUT_SECONDS", cls.invocation_timeout_s)
+            ),
+            invocation_retries=int(env.get("INVOCATION_MAX_RETRIES", cls.invocation_retries)),
+            content_type=env.get("CONTENT_TYPE", cls.content_type),
+            accept=env.get("ACCEPT", cls.accept),
+            join_source=env.get("JOIN_SOURCE", cls.join_source),
+            task=env.get("DEFAULT_TASK", cls.task),
+            parameters=env.get("DEFAULT_PARAMETERS") or cls.parameters,
+            capture=env.get("DATA_CAPTURE", str(cls.capture)).lower() == "true",
         )
 
 
@@ -150,10 +152,14 @@ def _parse_record(message_id: str, rec, settings: Settings, parsed: Parsed) -> N
         obj = rec.s3.get_object
         parsed.uploads.append(
             Upload(
-                message_id, rec.s3.bucket.name, key, int(obj.size), obj.etag or "",
+                message_id,
+                rec.s3.bucket.name,
+                key,
+                int(obj.size),
+                obj.etag or "",
                 obj.get("versionId"),
             )
-        )  # fmt: skip
+        )
 
 
 # --- grouping and naming ----------------------------------------------------
@@ -179,8 +185,12 @@ def content_type(key: str, default: str) -> str:
     return next((t for s, t in CONTENT_TYPES.items() if key.lower().endswith(s)), default)
 
 
-def plan_jobs(uploads: list[Upload], max_files: int, max_bytes: int,
-              default_type: str = "application/jsonlines") -> list[list[Upload]]:  # fmt: skip
+def plan_jobs(
+    uploads: list[Upload],
+    max_files: int,
+    max_bytes: int,
+    default_type: str = "application/jsonlines",
+) -> list[list[Upload]]:
     """Coalesce the batch into as few jobs as the limits allow, one content type a job, in
     arrival order.
 

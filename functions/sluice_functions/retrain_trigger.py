@@ -1,13 +1,13 @@
 """retrain_trigger: every way a retrain starts goes through here, and through one guard.
 
-Events: SQS batches of S3 events under training/ (new data), a sweep every few minutes from
-EventBridge Scheduler (starts what is due: debounced uploads, triggers deferred by a running
-retrain), the optional retraining schedule, and manual requests
-(`aws lambda invoke --payload '{"action": "manual"}'`), and finished monitoring jobs (drift, see
-drift.py). Each adds to one pending record in DynamoDB
-(atomic counters, so concurrent invocations lose nothing); a retrain starts when the record is due
-(see retrain.due) and no execution is running, under a name derived from its trigger window, so two
-invocations racing over one window start one execution.
+One entry point per event source, each a function of its own in template.yaml: `on_uploads`
+(SQS batches of S3 events under training/: new data), `on_monitoring` (EventBridge: a monitoring
+job finished; drift, see drift.py) and `on_command` (direct invocations: a sweep every few minutes
+from EventBridge Scheduler that starts what is due, the optional retraining schedule, and manual
+requests, `aws lambda invoke --payload '{"action": "manual"}'`). Each adds to one pending record
+in DynamoDB (atomic counters, so concurrent invocations lose nothing); a retrain starts when the
+record is due (see retrain.due) and no execution is running, under a name derived from its
+trigger window, so two invocations racing over one window start one execution.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.data_classes import SQSEvent
+from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, SQSEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
@@ -35,10 +36,13 @@ from .retrain import (
     execution_name,
 )
 
-logger = Logger(service="sluice-retrain-trigger")
-metrics = Metrics(namespace="Sluice", service="retrain-trigger")
+# service name and metrics namespace: POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE,
+# set once in template.yaml
+logger = Logger()
+metrics = Metrics()
 KEY = {"trigger": {"S": "pending"}}
 TRAINING_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".gz")
+PROCESSING_JOB_STATE_CHANGE = "SageMaker Processing Job State Change"
 
 
 def add(
@@ -53,8 +57,12 @@ def add(
 ) -> None:
     """Record one trigger in the pending record (created on first use)."""
     names = {"#w": "window", "#l": "last_seen", "#o": "objects", "#b": "bytes", "#r": "reasons"}
-    values = {":now": {"N": str(now)}, ":o": {"N": str(objects)}, ":b": {"N": str(size)},
-              ":r": {"SS": [reason]}}  # fmt: skip
+    values = {
+        ":now": {"N": str(now)},
+        ":o": {"N": str(objects)},
+        ":b": {"N": str(size)},
+        ":r": {"SS": [reason]},
+    }
     sets = ["#w = if_not_exists(#w, :now)", "#l = :now"]
     if violations is not None:
         names["#v"], values[":v"] = "violations", {"S": json.dumps(violations)}
@@ -91,11 +99,12 @@ def consume(table: str, p: Pending, now: int) -> None:
     ddb = client("dynamodb")
     try:
         ddb.delete_item(
-            TableName=table, Key=KEY,
+            TableName=table,
+            Key=KEY,
             ConditionExpression="#w = :w AND #l = :l",
             ExpressionAttributeNames={"#w": "window", "#l": "last_seen"},
             ExpressionAttributeValues={":w": {"N": str(p.window)}, ":l": {"N": str(p.last_seen)}},
-        )  # fmt: skip
+        )
         return
     except ClientError as e:
         if error_code(e) != "ConditionalCheckFailedException":
@@ -103,17 +112,24 @@ def consume(table: str, p: Pending, now: int) -> None:
     # something arrived after we read: subtract what this retrain took, start a new window
     try:
         ddb.update_item(
-            TableName=table, Key=KEY,
+            TableName=table,
+            Key=KEY,
             ConditionExpression="#w = :w",
             UpdateExpression="SET #w = :now ADD #o :o, #b :b DELETE #r :r",
             ExpressionAttributeNames={
-                "#w": "window", "#o": "objects", "#b": "bytes", "#r": "reasons"},
+                "#w": "window",
+                "#o": "objects",
+                "#b": "bytes",
+                "#r": "reasons",
+            },
             ExpressionAttributeValues={
-                ":w": {"N": str(p.window)}, ":now": {"N": str(now)},
-                ":o": {"N": str(-p.objects)}, ":b": {"N": str(-p.bytes)},
+                ":w": {"N": str(p.window)},
+                ":now": {"N": str(now)},
+                ":o": {"N": str(-p.objects)},
+                ":b": {"N": str(-p.bytes)},
                 ":r": {"SS": sorted(p.reasons or {"new-data"})},
             },
-        )  # fmt: skip
+        )
     except ClientError as e:
         if error_code(e) != "ConditionalCheckFailedException":
             raise
@@ -167,9 +183,11 @@ def process(env: dict[str, str], now: int) -> dict:
 def record_uploads(event: SQSEvent, env: dict[str, str], now: int) -> int:
     """Count new training objects in an SQS batch of S3 events; return how many were new."""
     settings = Settings(
-        stage=env.get("STAGE", ""), bucket=env["DATA_BUCKET"],
-        incoming_prefix=TriggerSettings.from_env(env).training_prefix, suffixes=TRAINING_SUFFIXES,
-    )  # fmt: skip
+        stage=env.get("STAGE", ""),
+        bucket=env["DATA_BUCKET"],
+        incoming_prefix=TriggerSettings.from_env(env).training_prefix,
+        suffixes=TRAINING_SUFFIXES,
+    )
     parsed = Parsed()
     for rec in event.records:
         parse_message(rec.message_id, rec.body, settings, parsed)
@@ -211,33 +229,82 @@ def record_monitoring(detail: dict, env: dict[str, str], now: int) -> dict:
     # capped as the execution input caps them: the pending record stays far from 400 KB
     add(env["RETRAIN_TABLE"], "drift", now=now, violations=result.violations[:MAX_VIOLATIONS])
     started = process(env, now)
-    notify(env, f"Sluice {env.get('STAGE', '')}: drift detected",
-           {**doc, "violations": result.violations, "retrain": started})  # fmt: skip
+    notify(
+        env,
+        f"Sluice {env.get('STAGE', '')}: drift detected",
+        {**doc, "violations": result.violations, "retrain": started},
+    )
     return {**doc, "retrain": started}
+
+
+@dataclass(frozen=True)
+class Command:
+    """A direct invocation: `{"action": "sweep" | "schedule" | "manual", "hyperparameters": {}}`.
+
+    `sweep` comes every few minutes from EventBridge Scheduler (starts what is due), `schedule`
+    from the optional retraining schedule, `manual` from an operator (`aws lambda invoke`).
+    """
+
+    action: str
+    hyperparameters: dict
+
+    ACTIONS = ("sweep", "schedule", "manual")
+
+    @classmethod
+    def parse(cls, event: object) -> Command:
+        if not isinstance(event, dict) or event.get("action") not in cls.ACTIONS:
+            got = event.get("action") if isinstance(event, dict) else type(event).__name__
+            raise ValueError(f"expected {{'action': one of {list(cls.ACTIONS)}}}, got {got!r}")
+        hyperparameters = event.get("hyperparameters") or {}
+        if not isinstance(hyperparameters, dict):
+            raise ValueError("hyperparameters must be an object of NAME: VALUE")
+        return cls(event["action"], hyperparameters)
 
 
 @metrics.log_metrics
 @logger.inject_lambda_context
-def handler(event: dict, context: LambdaContext) -> dict:
+@event_source(data_class=SQSEvent)
+def on_uploads(event: SQSEvent, context: LambdaContext) -> dict:
+    """SQS batches of S3 events under training/: count new data, start a retrain when due."""
     env, now = dict(os.environ), int(time.time())
-    table = env["RETRAIN_TABLE"]
-    if isinstance(event.get("Records"), list):
-        new = record_uploads(SQSEvent(event), env, now)
-        metrics.add_metric("NewTrainingObjects", MetricUnit.Count, new)
-        try:
-            return process(env, now)
-        except ClientError as e:
-            # the uploads are recorded: retrying this batch would count them twice; the sweep
-            # starts the retrain instead
-            logger.error("could not start a retrain; the sweep will", extra={"error": str(e)})
-            return {"outcome": "error", "error": error_code(e)}
-    elif event.get("detail-type") == "SageMaker Processing Job State Change":
-        return record_monitoring(event.get("detail") or {}, env, now)
-    else:
-        action = event.get("action")
-        if action in ("schedule", "manual"):
-            add(table, action, now=now, hyperparameters=event.get("hyperparameters") or None)
-        elif action != "sweep":
-            logger.error("unknown event acknowledged", extra={"event_keys": sorted(event)})
-            return {"outcome": "ignored"}
+    new = record_uploads(event, env, now)
+    metrics.add_metric("NewTrainingObjects", MetricUnit.Count, new)
+    try:
+        return process(env, now)
+    except ClientError as e:
+        # the uploads are recorded: retrying this batch would count them twice; the sweep
+        # starts the retrain instead
+        logger.error("could not start a retrain; the sweep will", extra={"error": str(e)})
+        return {"outcome": "error", "error": error_code(e)}
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context
+@event_source(data_class=EventBridgeEvent)
+def on_monitoring(event: EventBridgeEvent, context: LambdaContext) -> dict:
+    """A monitoring job (Processing job or Model Monitor execution) changed state."""
+    if event.detail_type != PROCESSING_JOB_STATE_CHANGE:
+        logger.error("unexpected event acknowledged", extra={"detail_type": event.detail_type})
+        return {"outcome": "ignored"}
+    return record_monitoring(event.detail or {}, dict(os.environ), int(time.time()))
+
+
+@metrics.log_metrics
+@logger.inject_lambda_context
+def on_command(event: dict, context: LambdaContext) -> dict:
+    """A sweep, a scheduled retrain or a manual one (see Command)."""
+    env, now = dict(os.environ), int(time.time())
+    try:
+        command = Command.parse(event)
+    except ValueError as e:
+        # a malformed direct invocation will not improve on retry: say why and stop
+        logger.error("invalid command acknowledged", extra={"error": str(e)})
+        return {"outcome": "ignored", "error": str(e)}
+    if command.action != "sweep":
+        add(
+            env["RETRAIN_TABLE"],
+            command.action,
+            now=now,
+            hyperparameters=command.hyperparameters or None,
+        )
     return process(env, now)

@@ -20,7 +20,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
-from .aws import NO_MODEL, already_exists, client, error_code, sagemaker_resource_exists
+from .aws import already_exists, client, current_model, error_code, sagemaker_resource_exists
 from .monitoring import (
     MonitorSettings,
     baseline_prefix,
@@ -36,13 +36,10 @@ from .monitoring import (
     schedule_request,
 )
 
-logger = Logger(service="sluice-start-monitor")
-metrics = Metrics(namespace="Sluice", service="start-monitor")
-
-
-def champion(parameter: str) -> str | None:
-    name = client("ssm").get_parameter(Name=parameter)["Parameter"]["Value"]
-    return None if name in NO_MODEL else name
+# service name and metrics namespace: POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE,
+# set once in template.yaml
+logger = Logger()
+metrics = Metrics()
 
 
 def has_baseline(bucket: str, model: str) -> bool:
@@ -85,8 +82,11 @@ def start_processing(s: MonitorSettings, model: str, start: datetime, end: datet
         metrics.add_metric("EmptyWindows", MetricUnit.Count, 1)
         return {"outcome": "empty", "job": name}
     manifest_key = f"manifests/{name}.json"
-    client("s3").put_object(Bucket=s.bucket, Key=manifest_key,
-                            Body=json.dumps(capture_manifest(s.bucket, keys)).encode())  # fmt: skip
+    client("s3").put_object(
+        Bucket=s.bucket,
+        Key=manifest_key,
+        Body=json.dumps(capture_manifest(s.bucket, keys)).encode(),
+    )
     try:
         client("sagemaker").create_processing_job(
             **processing_request(s, name, model, manifest_key, start, end)
@@ -127,15 +127,17 @@ def ensure_schedule(s: MonitorSettings, model: str) -> dict:
 def handler(event: dict, context: LambdaContext) -> dict:
     env = dict(os.environ)
     s = MonitorSettings.from_env(env)
-    model = champion(env["MODEL_PARAMETER"])
+    model = current_model(env["MODEL_PARAMETER"])
     if model is None:
         logger.info("no champion yet: nothing to monitor")
         return {"outcome": "no-model"}
     if not has_baseline(s.bucket, model):
         # the baseline job runs after each promotion; until it is done there is nothing to
         # compare with, which must not look like "no drift"
-        logger.error("no baseline for the champion yet", extra={"champion": model,
-                     "expected": f"s3://{s.bucket}/{baseline_prefix(model)}"})  # fmt: skip
+        logger.error(
+            "no baseline for the champion yet",
+            extra={"champion": model, "expected": f"s3://{s.bucket}/{baseline_prefix(model)}"},
+        )
         metrics.add_metric("BaselineMissing", MetricUnit.Count, 1)
         return {"outcome": "no-baseline", "champion": model}
     if env.get("MONITORING_MODE", "Processing") == "ModelMonitor":

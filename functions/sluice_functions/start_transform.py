@@ -13,17 +13,16 @@ import os
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities import parameters
 from aws_lambda_powertools.utilities.data_classes import SQSEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
 from . import claims
 from .aws import (
-    NO_MODEL,
     TRANSIENT,
     already_exists,
     client,
+    current_model,
     error_code,
     sagemaker_resource_exists,
 )
@@ -40,20 +39,23 @@ from .batching import (
 )
 from .reports import failure_report, report_key
 
-logger = Logger(service="sluice-start-transform")
-metrics = Metrics(namespace="Sluice", service="start-transform")
+# service name and metrics namespace: POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE,
+# set once in template.yaml
+logger = Logger()
+metrics = Metrics()
 
 
 class NoModel(Exception):
     """No model to transform with yet (the SSM parameter still holds its placeholder)."""
 
 
-def current_model() -> str:
-    name = parameters.get_parameter(os.environ["MODEL_PARAMETER"], max_age=60)
-    if name in NO_MODEL:
+def model_or_raise() -> str:
+    parameter = os.environ["MODEL_PARAMETER"]
+    name = current_model(parameter)
+    if name is None:
         raise NoModel(
-            f"no model yet: SSM parameter {os.environ['MODEL_PARAMETER']} is {name!r}; train "
-            "and promote a first model (see README: bootstrap the first model)"
+            f"no model yet: SSM parameter {parameter} holds its placeholder; train and promote a "
+            "first model (see README: bootstrap the first model)"
         )
     return name
 
@@ -85,9 +87,11 @@ def _create(settings: Settings, model: str, group: list[Upload], name: str) -> N
     _, body = manifest(settings.bucket, [u.key for u in group])
     key = f"manifests/{name}.json"
     client("s3").put_object(
-        Bucket=settings.bucket, Key=key, Body=json.dumps(body).encode(),
+        Bucket=settings.bucket,
+        Key=key,
+        Body=json.dumps(body).encode(),
         ContentType="application/json",
-    )  # fmt: skip
+    )
     try:
         client("sagemaker").create_transform_job(
             **transform_request(settings, model, name, key, group)
@@ -109,15 +113,18 @@ def report_no_model(settings: Settings, uploads: list[Upload], reason: str) -> N
     name = job_name(settings.stage, uploads)
     report = failure_report(name, "NoModel", reason, [u.key for u in uploads])
     client("s3").put_object(
-        Bucket=settings.bucket, Key=report_key(f"s3://{settings.bucket}/outputs/{name}/", False),
-        Body=json.dumps(report, indent=2).encode(), ContentType="application/json",
-    )  # fmt: skip
+        Bucket=settings.bucket,
+        Key=report_key(f"s3://{settings.bucket}/outputs/{name}/", False),
+        Body=json.dumps(report, indent=2).encode(),
+        ContentType="application/json",
+    )
     topic = os.environ.get("TOPIC_ARN")
     if topic:
         client("sns").publish(
-            TopicArn=topic, Subject=f"Sluice {settings.stage}: no model for {len(uploads)} uploads",
+            TopicArn=topic,
+            Subject=f"Sluice {settings.stage}: no model for {len(uploads)} uploads",
             Message=json.dumps(report, indent=2),
-        )  # fmt: skip
+        )
 
 
 @metrics.log_metrics
@@ -134,8 +141,10 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
     for skip in parsed.skipped:
         logger.info("skipped", extra={"reason": skip.reason, "key": skip.key})
     for bad in parsed.malformed:
-        logger.error("malformed message acknowledged", extra={"message_id": bad.message_id,
-                                                               "reason": bad.reason})  # fmt: skip
+        logger.error(
+            "malformed message acknowledged",
+            extra={"message_id": bad.message_id, "reason": bad.reason},
+        )
     metrics.add_metric("Skipped", MetricUnit.Count, len(parsed.skipped))
     metrics.add_metric("MalformedMessages", MetricUnit.Count, len(parsed.malformed))
     uploads = dedupe(parsed.uploads)
@@ -154,7 +163,7 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
     metrics.add_metric("Bytes", MetricUnit.Bytes, sum(u.size for u in uploads))
 
     try:
-        model = current_model()
+        model = model_or_raise()
     except NoModel as e:
         logger.error(str(e), extra={"files": len(uploads)})
         metrics.add_metric("NoModel", MetricUnit.Count, 1)
@@ -165,13 +174,20 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
     for group in plan_jobs(uploads, settings.max_files, settings.max_bytes, settings.content_type):
         try:
             outcome = start_job(settings, model, group, table)
-            metrics.add_metric("JobsStarted" if outcome == "started" else "DuplicateBatches",
-                               MetricUnit.Count, 1)  # fmt: skip
+            metrics.add_metric(
+                "JobsStarted" if outcome == "started" else "DuplicateBatches", MetricUnit.Count, 1
+            )
         except ClientError as e:
             code = error_code(e)
-            logger.error("could not start transform job", extra={
-                "error": code, "detail": str(e), "transient": code in TRANSIENT,
-                "keys": [u.key for u in group]})  # fmt: skip
+            logger.error(
+                "could not start transform job",
+                extra={
+                    "error": code,
+                    "detail": str(e),
+                    "transient": code in TRANSIENT,
+                    "keys": [u.key for u in group],
+                },
+            )
             metrics.add_metric("StartFailures", MetricUnit.Count, 1)
             # transient or not, the uploads are valid: retry, then the DLQ keeps them
             failed |= {u.message_id for u in group}

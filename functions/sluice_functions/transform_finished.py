@@ -28,8 +28,10 @@ from .reports import (
     success_report,
 )
 
-logger = Logger(service="sluice-transform-finished")
-metrics = Metrics(namespace="Sluice", service="transform-finished")
+# service name and metrics namespace: POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE,
+# set once in template.yaml
+logger = Logger()
+metrics = Metrics()
 FINAL = {"Completed", "Failed", "Stopped"}
 
 
@@ -57,11 +59,24 @@ def output_counts(output_uri: str, prefix: str, keys: list[str]) -> list[dict]:
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"]
             records, errors = count_lines(body.iter_chunks(1 << 20))
-            files.append({"input": prefix + rel, "output": f"s3://{bucket}/{key}",
-                          "records": records, "error_lines": errors})  # fmt: skip
+            files.append(
+                {
+                    "input": prefix + rel,
+                    "output": f"s3://{bucket}/{key}",
+                    "records": records,
+                    "error_lines": errors,
+                }
+            )
         except ClientError as e:
-            files.append({"input": prefix + rel, "output": None, "records": 0, "error_lines": 0,
-                          "missing": error_code(e)})  # fmt: skip
+            files.append(
+                {
+                    "input": prefix + rel,
+                    "output": None,
+                    "records": 0,
+                    "error_lines": 0,
+                    "missing": error_code(e),
+                }
+            )
     return files
 
 
@@ -70,9 +85,12 @@ def write_once(uri: str, key: str, report: dict) -> bool:
     bucket, _ = split_uri(uri)
     try:
         client("s3").put_object(
-            Bucket=bucket, Key=key, Body=json.dumps(report, indent=2).encode(),
-            ContentType="application/json", IfNoneMatch="*",
-        )  # fmt: skip
+            Bucket=bucket,
+            Key=key,
+            Body=json.dumps(report, indent=2).encode(),
+            ContentType="application/json",
+            IfNoneMatch="*",
+        )
         return True
     except ClientError as e:
         if error_code(e) in ("PreconditionFailed", "ConditionalRequestConflict"):
@@ -103,9 +121,13 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
         metrics.add_metric("ErrorLines", MetricUnit.Count, report["error_lines"] if wrote else 0)
     else:
         report = failure_report(
-            name, status, detail.get("FailureReason") or f"job {status.lower()}", inputs,
-            model=detail.get("ModelName"), duration_s=duration_s(detail),
-        )  # fmt: skip
+            name,
+            status,
+            detail.get("FailureReason") or f"job {status.lower()}",
+            inputs,
+            model=detail.get("ModelName"),
+            duration_s=duration_s(detail),
+        )
         key = report_key(output_uri, False)
         wrote = write_once(output_uri, key, report)
         if wrote:
@@ -114,6 +136,6 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
                 TopicArn=os.environ["TOPIC_ARN"],
                 Subject=f"Sluice transform {status.lower()}: {name}"[:100],
                 Message=json.dumps(report, indent=2),
-            )  # fmt: skip
+            )
     logger.info("report", extra={"key": key, "written": wrote, "status": status})
     return {"job": name, "status": status, "report": key, "written": wrote}

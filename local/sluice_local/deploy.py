@@ -116,6 +116,7 @@ class Deployer:
             "AWS::DynamoDB::Table": self.table,
             "AWS::SSM::Parameter": self.parameter,
             "AWS::IAM::Role": self.role,
+            "AWS::IAM::ManagedPolicy": self.managed_policy,
             "AWS::Logs::LogGroup": self.log_group,
             "AWS::CloudWatch::Alarm": self.alarm,
             "AWS::Events::Rule": self.rule,
@@ -387,6 +388,23 @@ class Deployer:
         # managed policies (AWSLambdaBasicExecutionRole, ...) are not attached: moto does not
         # carry AWS's managed policies, and IAM is not enforced locally anyway
         return {"Ref": name, "Arn": arn, "RoleId": name}
+
+    def managed_policy(self, rid: str, p: dict) -> dict:
+        """A customer-managed policy (kept for the record: IAM is not enforced locally)."""
+        iam = self.client("iam")
+        name = p.get("ManagedPolicyName") or self._name(rid, 128)
+        arn = f"arn:aws:iam::{ACCOUNT}:policy{p.get('Path', '/')}{name}"
+        doc = json.dumps(p["PolicyDocument"])
+        try:
+            iam.get_policy(PolicyArn=arn)
+        except ClientError:
+            iam.create_policy(PolicyName=name, Path=p.get("Path", "/"), PolicyDocument=doc)
+        else:  # a redeploy: the template's document becomes the default (IAM keeps at most 5)
+            for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:
+                if not v["IsDefaultVersion"]:
+                    iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
+            iam.create_policy_version(PolicyArn=arn, PolicyDocument=doc, SetAsDefault=True)
+        return {"Ref": arn, "PolicyArn": arn}
 
     def log_group(self, rid: str, p: dict) -> dict:
         logs = self.client("logs")

@@ -11,6 +11,7 @@ Event) are retried twice on error, then sent to the function's dead-letter queue
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -86,6 +87,7 @@ class Functions:
         self.say = say
         self.client = client  # (service) -> boto3 client on the local endpoint
         self.handlers: dict[str, object] = {}
+        self.providers: dict[str, dict] = {}  # each function's Powertools Parameters providers
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
         self.closed = threading.Event()
@@ -134,7 +136,8 @@ class Functions:
             cold = spec.name not in self.handlers
             try:
                 handler = self._handler(spec)
-                payload, error = handler(event, context), None
+                with self._own_process_state(spec.name):
+                    payload, error = handler(event, context), None
             except Exception as e:
                 traceback.print_exc(file=captured)
                 payload, error = (
@@ -168,6 +171,23 @@ class Functions:
             f" -> {outcome} ({duration:.0f} ms)",
         )
         return Result(payload, error, duration, cold)
+
+    @contextlib.contextmanager
+    def _own_process_state(self, name: str):
+        """On Lambda each function has its own process, so its own Powertools Parameters cache.
+        Here the functions share one interpreter: each gets its own cache for its invocation,
+        so one function's cached value never reaches another."""
+        from aws_lambda_powertools.utilities.parameters.constants import DEFAULT_PROVIDERS
+
+        outside = dict(DEFAULT_PROVIDERS)
+        DEFAULT_PROVIDERS.clear()
+        DEFAULT_PROVIDERS.update(self.providers.setdefault(name, {}))
+        try:
+            yield
+        finally:
+            self.providers[name] = dict(DEFAULT_PROVIDERS)
+            DEFAULT_PROVIDERS.clear()
+            DEFAULT_PROVIDERS.update(outside)
 
     def _handler(self, spec: FunctionSpec):
         if spec.name not in self.handlers:

@@ -18,11 +18,18 @@ TABLE = "retrain-triggers"
 
 @pytest.fixture
 def aws(monkeypatch):
-    env = {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
-           "STAGE": "dev", "DATA_BUCKET": BUCKET, "RETRAIN_TABLE": TABLE,
-           "RETRAIN_MIN_OBJECTS": "10", "RETRAIN_MIN_BYTES": "1000000",
-           "RETRAIN_QUIET_SECONDS": "600"}  # fmt: skip
+    env = {
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
+        "STAGE": "dev",
+        "DATA_BUCKET": BUCKET,
+        "RETRAIN_TABLE": TABLE,
+        "RETRAIN_MIN_OBJECTS": "10",
+        "RETRAIN_MIN_BYTES": "1000000",
+        "RETRAIN_QUIET_SECONDS": "600",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with mock_aws():
@@ -31,21 +38,23 @@ def aws(monkeypatch):
         client.cache_clear()
         boto3.client("s3", region_name=REGION).create_bucket(Bucket=BUCKET)
         boto3.client("dynamodb", region_name=REGION).create_table(
-            TableName=TABLE, BillingMode="PAY_PER_REQUEST",
+            TableName=TABLE,
+            BillingMode="PAY_PER_REQUEST",
             AttributeDefinitions=[{"AttributeName": "trigger", "AttributeType": "S"}],
             KeySchema=[{"AttributeName": "trigger", "KeyType": "HASH"}],
-        )  # fmt: skip
+        )
         sfn = boto3.client("stepfunctions", region_name=REGION)
         arn = sfn.create_state_machine(
-            name="sluice-dev-retrain", roleArn=f"arn:aws:iam::{ACCOUNT}:role/r",
+            name="sluice-dev-retrain",
+            roleArn=f"arn:aws:iam::{ACCOUNT}:role/r",
             definition=json.dumps({"StartAt": "P", "States": {"P": {"Type": "Pass", "End": True}}}),
-        )["stateMachineArn"]  # fmt: skip
+        )["stateMachineArn"]
         monkeypatch.setenv("STATE_MACHINE_ARN", arn)
         clock = {"now": 1_800_000_000}
         from sluice_functions import retrain_trigger
 
         monkeypatch.setattr(retrain_trigger.time, "time", lambda: clock["now"])
-        yield {"sfn": sfn, "arn": arn, "clock": clock, "handler": retrain_trigger.handler}
+        yield {"sfn": sfn, "arn": arn, "clock": clock, "rt": retrain_trigger}
 
 
 def uploads(start: int, n: int, size: int = 1000, prefix: str = "training/") -> dict:
@@ -76,7 +85,7 @@ def uploads(start: int, n: int, size: int = 1000, prefix: str = "training/") -> 
                 "eventSourceARN": f"arn:aws:sqs:{REGION}:{ACCOUNT}:training",
             }
         )
-    return {"Records": records}  # fmt: skip
+    return {"Records": records}
 
 
 def executions(aws) -> list[dict]:
@@ -88,15 +97,15 @@ def execution_input(aws, ex: dict) -> dict:
 
 
 def test_a_bulk_upload_starts_one_retrain(aws):
-    handler = aws["handler"]
-    assert handler(uploads(0, 4), Context())["outcome"] == "waiting"
+    rt = aws["rt"]
+    assert rt.on_uploads(uploads(0, 4), Context())["outcome"] == "waiting"
     assert executions(aws) == []
     aws["clock"]["now"] += 30
-    out = handler(uploads(4, 8), Context())  # 12 new objects >= 10
+    out = rt.on_uploads(uploads(4, 8), Context())  # 12 new objects >= 10
     assert out["outcome"] == "started" and "12 new objects" in out["why"]
     # the rest of the bulk upload arrives while the first retrain runs: recorded, deferred
     for start in range(12, 500, 100):
-        assert handler(uploads(start, 100), Context())["outcome"] == "deferred"
+        assert rt.on_uploads(uploads(start, 100), Context())["outcome"] == "deferred"
     [ex] = executions(aws)
     assert ex["name"] == "new-data-20270115T080000Z"
     doc = execution_input(aws, ex)
@@ -105,33 +114,37 @@ def test_a_bulk_upload_starts_one_retrain(aws):
 
 
 def test_a_trigger_during_a_retrain_is_started_after_it(aws):
-    handler = aws["handler"]
-    handler(uploads(0, 10), Context())
+    rt = aws["rt"]
+    rt.on_uploads(uploads(0, 10), Context())
     [first] = executions(aws)
     aws["clock"]["now"] += 60
-    assert handler({"action": "manual", "hyperparameters": {"max_steps": 100}},
-                   Context())["outcome"] == "deferred"  # fmt: skip
+    assert (
+        rt.on_command({"action": "manual", "hyperparameters": {"max_steps": 100}}, Context())[
+            "outcome"
+        ]
+        == "deferred"
+    )
     aws["clock"]["now"] += 300
-    assert handler({"action": "sweep"}, Context())["outcome"] == "deferred"
+    assert rt.on_command({"action": "sweep"}, Context())["outcome"] == "deferred"
     aws["sfn"].stop_execution(executionArn=first["executionArn"])
-    out = handler({"action": "sweep"}, Context())
+    out = rt.on_command({"action": "sweep"}, Context())
     assert out["outcome"] == "started" and out["execution"].startswith("manual-")
     second = next(e for e in executions(aws) if e["name"] == out["execution"])
     doc = execution_input(aws, second)
     assert doc["reason"] == "manual" and doc["hyperparameters"] == {"max_steps": "100"}
-    assert handler({"action": "sweep"}, Context())["outcome"] == "idle"
+    assert rt.on_command({"action": "sweep"}, Context())["outcome"] == "idle"
 
 
 def test_a_few_files_start_a_retrain_once_uploads_go_quiet(aws):
-    handler = aws["handler"]
+    rt = aws["rt"]
     boto3.client("s3", region_name=REGION).put_object(
         Bucket=BUCKET, Key="validation/held-out.txt", Body=b"held out\n"
     )
-    handler(uploads(0, 2), Context())
+    rt.on_uploads(uploads(0, 2), Context())
     aws["clock"]["now"] += 599
-    assert handler({"action": "sweep"}, Context())["outcome"] == "waiting"
+    assert rt.on_command({"action": "sweep"}, Context())["outcome"] == "waiting"
     aws["clock"]["now"] += 1
-    out = handler({"action": "sweep"}, Context())
+    out = rt.on_command({"action": "sweep"}, Context())
     assert out["outcome"] == "started" and "quiet for 600 s" in out["why"]
     [ex] = executions(aws)
     assert execution_input(aws, ex)["validationData"] == f"s3://{BUCKET}/validation/"
@@ -141,7 +154,7 @@ def test_a_window_starts_one_execution_even_if_started_twice(aws, monkeypatch):
     """A crash after StartExecution, before the record is cleared: the retry reuses the name."""
     from sluice_functions import retrain_trigger
 
-    handler = aws["handler"]
+    rt = aws["rt"]
     consume = retrain_trigger.consume
 
     def crash(*args, **kwargs):
@@ -149,41 +162,74 @@ def test_a_window_starts_one_execution_even_if_started_twice(aws, monkeypatch):
 
     monkeypatch.setattr(retrain_trigger, "consume", crash)
     with pytest.raises(RuntimeError):
-        handler({"action": "schedule"}, Context())
+        rt.on_command({"action": "schedule"}, Context())
     [ex] = executions(aws)
     aws["sfn"].stop_execution(executionArn=ex["executionArn"])  # not running: the guard passes
     monkeypatch.setattr(retrain_trigger, "consume", consume)
-    out = handler({"action": "sweep"}, Context())
+    out = rt.on_command({"action": "sweep"}, Context())
     assert out["outcome"] == "started" and out["execution"] == ex["name"]
     assert len(executions(aws)) == 1
-    assert handler({"action": "sweep"}, Context())["outcome"] == "idle"
+    assert rt.on_command({"action": "sweep"}, Context())["outcome"] == "idle"
 
 
 def test_malformed_and_irrelevant_messages_are_acknowledged(aws):
-    handler = aws["handler"]
+    rt = aws["rt"]
     bad = uploads(0, 1)
     bad["Records"][0]["body"] = "not json"
-    assert handler(bad, Context())["outcome"] == "idle"
-    assert handler(uploads(0, 3, prefix="incoming/"), Context())["outcome"] == "idle"
-    assert handler({"detail-type": "something else"}, Context())["outcome"] == "ignored"
+    assert rt.on_uploads(bad, Context())["outcome"] == "idle"
+    assert rt.on_uploads(uploads(0, 3, prefix="incoming/"), Context())["outcome"] == "idle"
+    assert rt.on_monitoring({"detail-type": "something else"}, Context())["outcome"] == "ignored"
+    # a direct invocation that is no command: said why, acknowledged, not retried
+    invalid = [
+        ({"action": "retrain-now"}, "expected"),
+        ({"Records": []}, "expected"),
+        ({"action": "manual", "hyperparameters": [1]}, "hyperparameters"),
+    ]
+    for command, why in invalid:
+        out = rt.on_command(command, Context())
+        assert out["outcome"] == "ignored" and why in out["error"]
     assert executions(aws) == []
 
 
-VIOLATIONS = {"violations": [
-    {"feature_name": "token_distribution", "constraint_check_type": "baseline_drift_check",
-     "description": "distance: 0.41 exceeds threshold: 0.1"},
-    {"feature_name": "script_mix", "constraint_check_type": "baseline_drift_check",
-     "description": "distance: 0.93 exceeds threshold: 0.2"}]}  # fmt: skip
+VIOLATIONS = {
+    "violations": [
+        {
+            "feature_name": "token_distribution",
+            "constraint_check_type": "baseline_drift_check",
+            "description": "distance: 0.41 exceeds threshold: 0.1",
+        },
+        {
+            "feature_name": "script_mix",
+            "constraint_check_type": "baseline_drift_check",
+            "description": "distance: 0.93 exceeds threshold: 0.2",
+        },
+    ]
+}
 
 
 def monitor_event(job: str, status: str = "Completed", **detail) -> dict:
     """EventBridge's `SageMaker Processing Job State Change` for a monitor job."""
-    return {"source": "aws.sagemaker", "detail-type": "SageMaker Processing Job State Change",
-            "detail": {"ProcessingJobName": job, "ProcessingJobStatus": status,
-                       "ProcessingOutputConfig": {"Outputs": [{"OutputName": "monitoring",
-                           "S3Output": {"S3Uri": f"s3://{BUCKET}/monitoring/{job}/output",
-                                        "LocalPath": "/opt/ml/processing/output",
-                                        "S3UploadMode": "EndOfJob"}}]}, **detail}}  # fmt: skip
+    return {
+        "source": "aws.sagemaker",
+        "detail-type": "SageMaker Processing Job State Change",
+        "detail": {
+            "ProcessingJobName": job,
+            "ProcessingJobStatus": status,
+            "ProcessingOutputConfig": {
+                "Outputs": [
+                    {
+                        "OutputName": "monitoring",
+                        "S3Output": {
+                            "S3Uri": f"s3://{BUCKET}/monitoring/{job}/output",
+                            "LocalPath": "/opt/ml/processing/output",
+                            "S3UploadMode": "EndOfJob",
+                        },
+                    }
+                ]
+            },
+            **detail,
+        },
+    }
 
 
 @pytest.fixture
@@ -193,9 +239,11 @@ def topic(aws, monkeypatch):
     arn = sns.create_topic(Name="notifications")["TopicArn"]
     url = sqs.create_queue(QueueName="notes")["QueueUrl"]
     qarn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"]  # fmt: skip
-    sns.subscribe(TopicArn=arn, Protocol="sqs", Endpoint=qarn,
-                  Attributes={"RawMessageDelivery": "true"})  # fmt: skip
+        "QueueArn"
+    ]
+    sns.subscribe(
+        TopicArn=arn, Protocol="sqs", Endpoint=qarn, Attributes={"RawMessageDelivery": "true"}
+    )
     monkeypatch.setenv("TOPIC_ARN", arn)
 
     def read() -> list[dict]:
@@ -212,9 +260,9 @@ def put_output(job: str, body: bytes) -> None:
 
 
 def test_drift_starts_one_retrain_with_its_violations(aws, topic):
-    handler = aws["handler"]
+    rt = aws["rt"]
     put_output("sluice-dev-monitor-1", json.dumps(VIOLATIONS).encode())
-    out = handler(monitor_event("sluice-dev-monitor-1"), Context())
+    out = rt.on_monitoring(monitor_event("sluice-dev-monitor-1"), Context())
     assert out["outcome"] == "drift" and out["retrain"]["outcome"] == "started"
     [ex] = executions(aws)
     doc = execution_input(aws, ex)
@@ -223,7 +271,7 @@ def test_drift_starts_one_retrain_with_its_violations(aws, topic):
     # the next window reports drift again while that retrain runs: no second execution
     put_output("sluice-dev-monitor-2", json.dumps(VIOLATIONS).encode())
     aws["clock"]["now"] += 3600
-    again = handler(monitor_event("sluice-dev-monitor-2"), Context())
+    again = rt.on_monitoring(monitor_event("sluice-dev-monitor-2"), Context())
     assert again["retrain"]["outcome"] == "deferred"
     assert len(executions(aws)) == 1
     notes = topic()
@@ -232,23 +280,26 @@ def test_drift_starts_one_retrain_with_its_violations(aws, topic):
 
 def test_no_violations_start_nothing(aws, topic):
     put_output("sluice-dev-monitor-1", b'{"violations": []}')
-    out = aws["handler"](monitor_event("sluice-dev-monitor-1"), Context())
+    out = aws["rt"].on_monitoring(monitor_event("sluice-dev-monitor-1"), Context())
     assert out["outcome"] == "no-drift"
     assert executions(aws) == [] and topic() == []
 
 
-@pytest.mark.parametrize("body, status, expected", [
-    (None, "Completed", "cannot read"),
-    (b"{not json", "Completed", "malformed"),
-    (b'{"violations": [{"description": "x"}]}', "Completed", "malformed"),
-    (json.dumps(VIOLATIONS).encode(), "Failed", "job Failed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "body, status, expected",
+    [
+        (None, "Completed", "cannot read"),
+        (b"{not json", "Completed", "malformed"),
+        (b'{"violations": [{"description": "x"}]}', "Completed", "malformed"),
+        (json.dumps(VIOLATIONS).encode(), "Failed", "job Failed"),
+    ],
+)
 def test_broken_monitor_outputs_are_a_monitoring_failure_not_drift(
     aws, topic, body, status, expected
 ):
     if body is not None:
         put_output("sluice-dev-monitor-1", body)
-    out = aws["handler"](
+    out = aws["rt"].on_monitoring(
         monitor_event("sluice-dev-monitor-1", status, FailureReason="ClientError: no capture"),
         Context(),
     )

@@ -21,13 +21,19 @@ BUCKET = "sluice-dev-data"
 PARAM = "/sluice/dev/current-model"
 MODEL = "sluice-dev-0123abcd"
 ENV = {
-    "AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing", "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
-    "STAGE": "dev", "DATA_BUCKET": BUCKET, "MODEL_PARAMETER": PARAM,
+    "AWS_DEFAULT_REGION": REGION,
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
+    "STAGE": "dev",
+    "DATA_BUCKET": BUCKET,
+    "MODEL_PARAMETER": PARAM,
     "IMAGE_URI": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1",
-    "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm", "ENDPOINT_NAME": "sluice-dev",
-    "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k", "MONITORING_MODE": "Processing",
-}  # fmt: skip
+    "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm",
+    "ENDPOINT_NAME": "sluice-dev",
+    "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k",
+    "MONITORING_MODE": "Processing",
+}
 
 
 def validate(operation: str, request: dict) -> None:
@@ -43,13 +49,17 @@ def aws(monkeypatch):
     for k, v in ENV.items():
         monkeypatch.setenv(k, v)
     with mock_aws():
+        from aws_lambda_powertools.utilities import parameters
+
         from sluice_functions.aws import client
 
         client.cache_clear()
+        parameters.clear_caches()  # a warm container's cached model parameter
         s3 = boto3.client("s3", region_name=REGION)
         s3.create_bucket(Bucket=BUCKET)
-        boto3.client("ssm", region_name=REGION).put_parameter(Name=PARAM, Value=MODEL,
-                                                              Type="String")  # fmt: skip
+        boto3.client("ssm", region_name=REGION).put_parameter(
+            Name=PARAM, Value=MODEL, Type="String"
+        )
         from sluice_functions import start_monitor
 
         yield {"s3": s3, "handler": start_monitor.handler, "module": start_monitor}
@@ -78,8 +88,10 @@ def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatc
         time.sleep(11)
         now = datetime.now(UTC)
     hour = f"{now:%Y/%m/%d/%H}"
-    endpoint_keys = [f"capture/endpoint/sluice-dev/AllTraffic/{hour}/00-01-abc.jsonl",
-                     f"capture/endpoint/sluice-dev/AllTraffic/{hour}/30-07-def.jsonl"]  # fmt: skip
+    endpoint_keys = [
+        f"capture/endpoint/sluice-dev/AllTraffic/{hour}/00-01-abc.jsonl",
+        f"capture/endpoint/sluice-dev/AllTraffic/{hour}/30-07-def.jsonl",
+    ]
     for k in endpoint_keys:
         s3.put_object(Bucket=BUCKET, Key=k, Body=b'{"captureData": {}}\n')
     # batch capture is manifests of the job's inputs and outputs, as SageMaker writes it
@@ -88,15 +100,19 @@ def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatc
         "output": [{"prefix": f"s3://{BUCKET}/outputs/sluice-dev-job1/"}, "a.jsonl.out"],
     }
     for kind, doc in batch.items():
-        s3.put_object(Bucket=BUCKET, Key=f"capture/batch/sluice-dev-job1/{kind}/{hour}/m.json",
-                      Body=json.dumps(doc).encode())  # fmt: skip
+        s3.put_object(
+            Bucket=BUCKET,
+            Key=f"capture/batch/sluice-dev-job1/{kind}/{hour}/m.json",
+            Body=json.dumps(doc).encode(),
+        )
     s3.put_object(
         Bucket=BUCKET,
         Key=f"capture/batch/other/input/{hour}/m.json",
         Body=json.dumps([{"prefix": "s3://another-bucket/x/"}, "y.jsonl"]).encode(),
     )
-    s3.put_object(Bucket=BUCKET, Key="capture/endpoint/sluice-dev/AllTraffic/2020/01/01/00/old",
-                  Body=b"{}")  # fmt: skip
+    s3.put_object(
+        Bucket=BUCKET, Key="capture/endpoint/sluice-dev/AllTraffic/2020/01/01/00/old", Body=b"{}"
+    )
     # during the hour, the window that just ended holds none of them: no job
     freeze(monkeypatch, aws["module"], now)
     assert aws["handler"]({}, Context())["outcome"] == "empty"
@@ -104,19 +120,25 @@ def test_one_processing_job_per_window_over_that_windows_capture(aws, monkeypatc
     boundary = datetime.fromtimestamp(int(now.timestamp()) // 3600 * 3600 + 3600, UTC)
     freeze(monkeypatch, aws["module"], boundary)
     out = aws["handler"]({}, Context())
-    expected = [*endpoint_keys, "incoming/team-a/a.jsonl", "incoming/team-a/b.jsonl",
-                "outputs/sluice-dev-job1/a.jsonl.out"]  # fmt: skip
+    expected = [
+        *endpoint_keys,
+        "incoming/team-a/a.jsonl",
+        "incoming/team-a/b.jsonl",
+        "outputs/sluice-dev-job1/a.jsonl.out",
+    ]
     assert out["outcome"] == "started" and out["objects"] == len(expected)
     # named for the window's start: the hour before the boundary (crosses midnight correctly)
     assert out["job"] == f"sluice-dev-monitor-{boundary - timedelta(hours=1):%Y%m%d%H}00"
     job = boto3.client("sagemaker", region_name=REGION).describe_processing_job(
-        ProcessingJobName=out["job"])  # fmt: skip
+        ProcessingJobName=out["job"]
+    )
     inputs = {i["InputName"]: i["S3Input"] for i in job["ProcessingInputs"]}
     assert inputs["capture"]["S3DataType"] == "ManifestFile"
     assert inputs["baseline"]["S3Uri"] == f"s3://{BUCKET}/monitoring/baseline/{MODEL}/"
     assert job["AppSpecification"]["ContainerEntrypoint"] == ["sluice", "monitor"]
-    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"manifests/{out['job']}.json")[
-        "Body"].read())  # fmt: skip
+    manifest = json.loads(
+        s3.get_object(Bucket=BUCKET, Key=f"manifests/{out['job']}.json")["Body"].read()
+    )
     prefix = manifest[0]["prefix"].removeprefix(f"s3://{BUCKET}/")
     assert sorted(prefix + k for k in manifest[1:]) == sorted(expected)
     # the output is where retrain_trigger looks for constraint_violations.json
@@ -168,6 +190,7 @@ def test_requests_of_both_modes_match_the_sagemaker_api(monkeypatch):
     validate("UpdateMonitoringSchedule", schedule)
     job = schedule["MonitoringScheduleConfig"]["MonitoringJobDefinition"]
     assert job["BaselineConfig"]["StatisticsResource"]["S3Uri"].endswith(
-        f"monitoring/baseline/{MODEL}/statistics.json")  # fmt: skip
+        f"monitoring/baseline/{MODEL}/statistics.json"
+    )
     assert "dataset_source" not in job["Environment"]  # Model Monitor sets its own
     assert job["Environment"]["SLUICE_TOKENIZER_S3_URI"].endswith(f"{MODEL}/tokenizer/")
