@@ -423,10 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hadolint", action="store_true")
     args = p.parse_args(argv)
 
-    scratch = args.keep or Path(tempfile.mkdtemp(prefix="sluice-image-"))
-    if scratch.exists() and args.keep:
-        shutil.rmtree(scratch)
-    scratch.mkdir(parents=True)
+    if args.keep:
+        scratch = args.keep.resolve()
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+    else:
+        scratch = Path(tempfile.mkdtemp(prefix="sluice-image-"))
     t0 = time.monotonic()
     try:
         if not args.no_hadolint:
