@@ -7,6 +7,7 @@ their weather), so a tiny model learns something measurable: loss falls well bel
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -111,3 +112,26 @@ SAMPLE_PROMPTS = [
     "When Ben feeds the dog, it gets",
     "Every horse likes",
 ]
+
+
+def sample_files() -> dict[str, list[str]]:
+    """The demos' two prompt files, as lines: generation prompts, and a mix of scoring,
+    next-token and one malformed line (it gets an error line, the others are answered)."""
+    prompts = [
+        {"id": f"p{i}", "text": p, "parameters": {"max_new_tokens": 12}}
+        for i, p in enumerate(SAMPLE_PROMPTS)
+    ]
+    mixed = [
+        {"id": "s1", "task": "score", "text": "The lazy cat eats fish in the morning."},
+        {"id": "s2", "task": "score", "text": "Morning the in fish eats cat lazy the."},
+        {
+            "id": "n1",
+            "task": "next_token",
+            "text": "Every rabbit likes",
+            "parameters": {"top_k": 3},
+        },
+    ]
+    return {
+        "prompts.jsonl": [json.dumps(r) for r in prompts],
+        "mixed.jsonl": [*(json.dumps(r) for r in mixed), "{this line is not JSON}"],
+    }

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sluice_functions.aws import NO_MODEL
 
-from .corpus import SAMPLE_PROMPTS, generate
+from .corpus import generate, sample_files
 from .quickstart import show_line
 from .stack import LocalStack
 from .template import parse_overrides, samconfig_overrides
@@ -197,24 +197,8 @@ def story(users: Users, notifications) -> None:
     say(f"promoted {champion}: {out['decision']['why']}")
 
     step(f"2/5 Users drop prompt files into s3://{users.bucket}/incoming/")
-    prompts = [
-        {"id": f"p{i}", "text": p, "parameters": {"max_new_tokens": 12}}
-        for i, p in enumerate(SAMPLE_PROMPTS)
-    ]
-    mixed = [
-        {"id": "s1", "task": "score", "text": "The lazy cat eats fish in the morning."},
-        {"id": "s2", "task": "score", "text": "Morning the in fish eats cat lazy the."},
-        {
-            "id": "n1",
-            "task": "next_token",
-            "text": "Every rabbit likes",
-            "parameters": {"top_k": 3},
-        },
-    ]
-    users.put("incoming/team-a/prompts.jsonl", [json.dumps(p) for p in prompts])
-    users.put(
-        "incoming/team-a/mixed.jsonl", [json.dumps(p) for p in mixed] + ["{this is not JSON}"]
-    )
+    for name, lines in sample_files().items():
+        users.put(f"incoming/team-a/{name}", lines)
     reports = users.wait_for_reports(
         ["incoming/team-a/prompts.jsonl", "incoming/team-a/mixed.jsonl"]
     )

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from .corpus import SAMPLE_PROMPTS, write_corpus
+from .corpus import sample_files, write_corpus
 
 
 def run_quickstart(workdir: Path, steps: int = 300) -> int:
@@ -73,24 +73,8 @@ def run_quickstart(workdir: Path, steps: int = 300) -> int:
     print("3/3 batch transform of dropped files, through the real serve process:")
     incoming = data / "incoming"
     incoming.mkdir(parents=True, exist_ok=True)
-    prompts = [
-        {"id": f"p{i}", "text": p, "parameters": {"max_new_tokens": 12}}
-        for i, p in enumerate(SAMPLE_PROMPTS)
-    ]
-    mixed = [
-        {"id": "s1", "task": "score", "text": "The lazy cat eats fish in the morning."},
-        {"id": "s2", "task": "score", "text": "Morning the in fish eats cat lazy the."},
-        {
-            "id": "n1",
-            "task": "next_token",
-            "text": "Every rabbit likes",
-            "parameters": {"top_k": 3},
-        },
-    ]
-    (incoming / "prompts.jsonl").write_text("\n".join(json.dumps(p) for p in prompts) + "\n")
-    (incoming / "mixed.jsonl").write_text(
-        "\n".join(json.dumps(p) for p in mixed) + "\n{this line is not JSON}\n"
-    )
+    for name, lines in sample_files().items():
+        (incoming / name).write_text("\n".join(lines) + "\n")
     from .transform import TransformConfig, run_transform
 
     summary = run_transform(model_dir, str(incoming), str(workdir / "outputs"), TransformConfig())
