@@ -190,25 +190,32 @@ def show_progress(args: argparse.Namespace) -> bool:
     return sys.stderr.isatty() if args.progress is None else args.progress
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `sluice` command line: one subcommand per entrypoint of the image."""
-    from . import __version__
-
+def top_parser(prog: str, version: str, description: str) -> argparse.ArgumentParser:
+    """What every Sluice command line has: --version, --log-level and the exit codes."""
     p = argparse.ArgumentParser(
-        prog="sluice",
-        description="Sluice's language-model container: the commands SageMaker runs in the image "
-        "(train, serve, evaluate, export, monitor). With no flags each follows SageMaker's "
-        "container contract; the flags run the same code on local folders.",
-        epilog=ExitCode.help(),
-        formatter_class=HelpFormatter,
+        prog=prog, description=description, epilog=ExitCode.help(), formatter_class=HelpFormatter
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version}")
     p.add_argument(
         "--log-level",
         type=str.upper,
         choices=LOG_LEVELS,
         default=os.environ.get("SLUICE_LOG_LEVEL", "INFO").upper(),
         help="log verbosity (default: SLUICE_LOG_LEVEL or INFO)",
+    )
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `sluice` command line: one subcommand per entrypoint of the image."""
+    from . import __version__
+
+    p = top_parser(
+        "sluice",
+        __version__,
+        "Sluice's language-model container: the commands SageMaker runs in the image "
+        "(train, serve, evaluate, export, monitor). With no flags each follows SageMaker's "
+        "container contract; the flags run the same code on local folders.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from sluice.cli import LOG_LEVELS, HelpFormatter, parse_sets, setup_logging
+from sluice.cli import parse_sets, setup_logging, top_parser
 from sluice.errors import ExitCode, SluiceError
 
 from .template import TemplateError, parse_overrides
@@ -27,21 +27,12 @@ DEFAULT_PORT = 5055
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    p = argparse.ArgumentParser(
-        prog="sluice-local",
-        description="Sluice on this machine, no AWS account: template.yaml deployed on local AWS "
-        "APIs (moto), a local SageMaker running the container's commands, the Lambda handlers "
+    p = top_parser(
+        "sluice-local",
+        __version__,
+        "Sluice on this machine, no AWS account: template.yaml deployed on local AWS APIs "
+        "(moto), a local SageMaker running the container's commands, the Lambda handlers "
         "in-process. State (buckets, models, history) lives in one folder and survives restarts.",
-        epilog=ExitCode.help(),
-        formatter_class=HelpFormatter,
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    p.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        default="INFO",
-        help="log verbosity of transform and quickstart (default: INFO)",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
