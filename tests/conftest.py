@@ -39,3 +39,17 @@ def trained(tmp_path_factory, corpus_dir) -> dict:
         *sets(hp(max_steps=40, export_edge="true", loss_curve="true")),
     )
     return {"out": out, "model": out / "model", "stdout": proc.stdout}
+
+
+@pytest.fixture
+def strict_aws():
+    """Every AWS request sent in the test (by the code under test or the test itself) is checked
+    against the service's own rules first (sluice_local.validation), refused as AWS would refuse
+    it, and the test fails if any was, even when the code swallowed the error."""
+    from sluice_local.validation import strict_clients
+
+    with strict_clients() as seen:
+        yield seen
+    assert not seen, "requests AWS would refuse:\n" + "\n".join(
+        f"{service} {op}: {'; '.join(found)}" for service, op, found in seen
+    )

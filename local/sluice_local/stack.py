@@ -103,7 +103,7 @@ class LocalStack:
         )
         from werkzeug.serving import make_server
 
-        from . import moto_fixes, persist
+        from . import moto_fixes, persist, validation
         from .gateway import Gateway
         from .sagemaker import jobs
         from .sagemaker.api import LocalSageMaker
@@ -117,6 +117,12 @@ class LocalStack:
         # wrong in an execution is in its history (and the event log), not there
         logging.getLogger("moto").setLevel(logging.CRITICAL)
         self.say = EventLog(self.dir / "logs" / "events.log", self.out)
+        # as strict as AWS: every request this process sends (the functions, the state
+        # machine's tasks, the deployer) is checked against the service's own rules first
+        self._strict = validation.strict_clients(
+            lambda v: self.say("aws", f"{v[0]} {v[1]} refused: {'; '.join(v[2])}")
+        )
+        self._strict.__enter__()
         default_user_config["stepfunctions"]["execute_state_machine"] = True
         moto_fixes.apply()
         aborted = persist.restore(self.dir / "moto.pickle")
@@ -308,6 +314,7 @@ class LocalStack:
         self.sagemaker.save()
         self.server.shutdown()
         self.server.server_close()
+        self._strict.__exit__(None, None, None)
         self.say("stack", f"stopped; `sluice-local up --state {self.dir}` carries on from here")
         self.say.close()
 

@@ -14,6 +14,9 @@ from moto import mock_aws
 
 from tests import retrain_harness as h
 
+# every request checked against AWS's own rules (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("strict_aws")
+
 CHAMPION = "sluice-test-champion"
 CHAMPION_DATA = f"s3://{h.BUCKET}/models/{CHAMPION}/output/model.tar.gz"
 

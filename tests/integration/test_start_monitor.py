@@ -15,6 +15,9 @@ from moto import mock_aws
 
 from tests.helpers import LambdaContext as Context
 
+# every request checked against AWS's own rules (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("strict_aws")
+
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
 BUCKET = "sluice-dev-data"

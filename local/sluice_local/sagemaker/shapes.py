@@ -1,17 +1,19 @@
 """Requests and answers in SageMaker's own shapes, from botocore's service model.
 
-Every request is validated as SageMaker validates it (types, required members, enums, lengths,
-patterns the model carries); every answer is rendered through the operation's output shape, so a
-client sees exactly the members SageMaker would send, timestamps as epoch seconds.
+Every request is validated as SageMaker validates it (types and required members as botocore
+checks them, then the service-side rules of sluice_local.validation: patterns, lengths, ranges,
+enums); every answer is rendered through the operation's output shape, so a client sees exactly
+the members SageMaker would send, timestamps as epoch seconds.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from functools import cache
 
 from botocore.validate import ParamValidator
+
+from ..validation import message, shape_problems
 
 
 class ApiError(Exception):
@@ -60,49 +62,10 @@ def validate(op_name: str, params: dict) -> dict:
     report = ParamValidator().validate(params, shape)
     if report.has_errors():
         raise ApiError("ValidationException", report.generate_report())
-    problems = _constraints(params, shape, op_name)
-    if problems:
-        raise ApiError("ValidationException", "; ".join(problems))
+    found = shape_problems(params, shape)
+    if found:
+        raise ApiError("ValidationException", message(found))
     return params
-
-
-def _constraints(value, shape, path: str) -> list[str]:
-    """What ParamValidator leaves to the service: enums and patterns."""
-    out: list[str] = []
-    if shape is None or value is None:
-        return out
-    kind = shape.type_name
-    if kind == "structure" and isinstance(value, dict):
-        for k, v in value.items():
-            if k in shape.members:
-                out += _constraints(v, shape.members[k], f"{path}.{k}")
-    elif kind == "list" and isinstance(value, list):
-        for i, v in enumerate(value):
-            out += _constraints(v, shape.member, f"{path}[{i}]")
-    elif kind == "map" and isinstance(value, dict):
-        for k, v in value.items():
-            out += _constraints(v, shape.value, f"{path}.{k}")
-    elif kind == "string" and isinstance(value, str):
-        if shape.enum and value not in shape.enum:
-            out.append(
-                f"Value {value!r} at {path!r} failed to satisfy constraint: Member must "
-                f"satisfy enum value set: {list(shape.enum)}"
-            )
-        pattern = shape.metadata.get("pattern")
-        if pattern and _pattern(pattern) and not _pattern(pattern).fullmatch(value):
-            out.append(
-                f"Value {value!r} at {path!r} failed to satisfy constraint: Member must "
-                f"satisfy regular expression pattern: {pattern}"
-            )
-    return out
-
-
-@cache
-def _pattern(pattern: str):
-    try:
-        return re.compile(pattern)
-    except re.error:  # a few Java-only constructs: not checked here
-        return None
 
 
 def render(value, shape):
