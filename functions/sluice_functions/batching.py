@@ -27,11 +27,42 @@ class Upload:
     size: int
     etag: str
     version_id: str | None = None
+    sequencer: str | None = None  # S3's order of events on this key (hex; greater is later)
 
     @property
     def identity(self) -> str:
         """What makes this upload unique: the object and its version (or content tag)."""
         return f"{self.bucket}/{self.key}@{self.version_id or self.etag}"
+
+    @property
+    def location(self) -> str:
+        return f"{self.bucket}/{self.key}"
+
+
+SEQUENCER_WIDTH = 64
+
+
+def sequencer_order(sequencer: str) -> str:
+    """A sequencer comparable as a string. S3's User Guide ("Event message structure"): values
+    differ in length; right-pad the shorter with zeros, then compare lexicographically."""
+    return sequencer.upper().ljust(SEQUENCER_WIDTH, "0")
+
+
+def newest_per_key(uploads: list[Upload]) -> tuple[list[Upload], list[tuple[Upload, Upload]]]:
+    """Within one batch, the latest event of each key (by sequencer) and the (older, newer)
+    pairs it supersedes: a job reads a key's current content, so an older event adds nothing."""
+    latest: dict[str, Upload] = {}
+    for u in uploads:
+        seen = latest.get(u.location)
+        if seen is None or (
+            u.sequencer
+            and seen.sequencer
+            and sequencer_order(u.sequencer) > sequencer_order(seen.sequencer)
+        ):
+            latest[u.location] = u
+    kept = [u for u in uploads if latest[u.location] is u]
+    superseded = [(u, latest[u.location]) for u in uploads if latest[u.location] is not u]
+    return kept, superseded
 
 
 @dataclass
@@ -158,6 +189,7 @@ def _parse_record(message_id: str, rec, settings: Settings, parsed: Parsed) -> N
                 int(obj.size),
                 obj.etag or "",
                 obj.get("versionId"),
+                obj.get("sequencer"),
             )
         )
 
@@ -282,7 +314,7 @@ def transform_request(
             "InstanceType": settings.instance_type,
             "InstanceCount": settings.instance_count,
         },
-        "Tags": source_tags(settings, uploads),
+        "Tags": job_tags(settings, uploads, manifest_key),
     }
     if settings.max_concurrent:
         req["MaxConcurrentTransforms"] = settings.max_concurrent
@@ -300,18 +332,12 @@ def transform_request(
     return req
 
 
-TAG_VALUE_MAX = 256
-
-
-def source_tags(settings: Settings, uploads: list[Upload]) -> list[dict]:
-    """Tags naming the job's sources (tag values are capped at 256 characters)."""
-    keys = [u.key for u in uploads]
-    listed = ",".join(keys)
-    if len(listed) > TAG_VALUE_MAX:
-        listed = listed[: TAG_VALUE_MAX - 20].rsplit(",", 1)[0] + f",+{len(keys)} total"
-    safe = re.sub(r"[^\w.:/=+\-@ ,]", "_", listed)  # characters tags allow
+def job_tags(settings: Settings, uploads: list[Upload], manifest_key: str) -> list[dict]:
+    """Tags that lead from a job to its sources: the stage, the number of files and the manifest
+    that lists them (the job's report names them too). Object keys themselves are no tag values:
+    SageMaker's TagValue pattern has no comma and keys may hold any character."""
     return [
         {"Key": "sluice:stage", "Value": settings.stage},
-        {"Key": "sluice:files", "Value": str(len(keys))},
-        {"Key": "sluice:sources", "Value": safe},
+        {"Key": "sluice:files", "Value": str(len(uploads))},
+        {"Key": "sluice:manifest", "Value": f"s3://{settings.bucket}/{manifest_key}"},
     ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from botocore.exceptions import ClientError
 
 from .aws import client, error_code
-from .batching import Upload
+from .batching import Upload, sequencer_order
 
 STALE_S = 900  # longer than the function's timeout: a claim this old was left by a crash
 TTL_S = 14 * 86400
@@ -108,3 +108,40 @@ def release(table: str, uploads: list[Upload], job: str) -> None:
         except ClientError as e:
             if error_code(e) != "ConditionalCheckFailedException":
                 raise
+
+
+def keep_latest(
+    table: str, uploads: list[Upload], now: float | None = None
+) -> list[tuple[Upload, str, str | None]]:
+    """Record each upload's sequencer as the latest seen for its key, unless a later event of
+    that key was already handled; returns the uploads superseded that way, each with the newer
+    object version and the job that claimed it (S3 delivers events out of order: an older event
+    must not start work over newer content)."""
+    now = int(time.time() if now is None else now)
+    superseded = []
+    for u in uploads:
+        if not u.sequencer:
+            continue  # events without one (tests, replication) are ordered by nothing
+        try:
+            client("dynamodb").put_item(
+                TableName=table,
+                Item={
+                    "object": {"S": f"latest#{u.location}"},
+                    "sequencer": {"S": sequencer_order(u.sequencer)},
+                    "identity": {"S": u.identity},
+                    "expires": {"N": str(now + TTL_S)},
+                },
+                # the same event again is fine (its claim decides); an older one is not
+                ConditionExpression="attribute_not_exists(#o) OR #s <= :s",
+                ExpressionAttributeNames={"#o": "object", "#s": "sequencer"},
+                ExpressionAttributeValues={":s": {"S": sequencer_order(u.sequencer)}},
+            )
+        except ClientError as e:
+            if error_code(e) != "ConditionalCheckFailedException":
+                raise
+            ddb = client("dynamodb")
+            latest = ddb.get_item(TableName=table, Key={"object": {"S": f"latest#{u.location}"}})
+            newer = latest.get("Item", {}).get("identity", {}).get("S", "a later event")
+            claim = ddb.get_item(TableName=table, Key={"object": {"S": newer}}).get("Item", {})
+            superseded.append((u, newer, claim.get("job", {}).get("S")))
+    return superseded

@@ -42,19 +42,30 @@ def count_lines(chunks: Iterable[bytes]) -> tuple[int, int]:
     return lines, errors
 
 
-def _iso(value) -> str | None:
-    """EventBridge carries SageMaker timestamps as epoch milliseconds (or ISO strings)."""
-    if value is None:
+def event_time(value) -> datetime | None:
+    """A timestamp as SageMaker's EventBridge events carry it: epoch milliseconds (most job state
+    changes) or ISO-8601 text (AWS's documented samples, e.g. "2019-05-22T21:47:19.000Z")."""
+    if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return datetime.fromtimestamp(value / 1000, UTC).isoformat(timespec="seconds")
-    return str(value)
+        return datetime.fromtimestamp(value / 1000, UTC)
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _iso(value) -> str | None:
+    when = event_time(value)
+    return when.isoformat(timespec="seconds") if when else (None if value is None else str(value))
 
 
 def duration_s(detail: dict) -> float | None:
-    start, end = detail.get("TransformStartTime"), detail.get("TransformEndTime")
-    if isinstance(start, int | float) and isinstance(end, int | float):
-        return round((end - start) / 1000, 3)
+    start = event_time(detail.get("TransformStartTime"))
+    end = event_time(detail.get("TransformEndTime"))
+    if start and end:
+        return round((end - start).total_seconds(), 3)
     return None
 
 
@@ -82,3 +93,28 @@ def failure_report(job: str, status: str, reason: str, inputs: list[str], **extr
         "action": "fix the cause, then re-upload the inputs (or redrive the DLQ)",
         **extra,
     }
+
+
+def superseded_report(
+    key: str, version: str | None, sequencer: str | None, newer: str, job: str | None
+) -> dict:
+    """What happened to an S3 event older than one already handled for the same key."""
+    return {
+        "status": "Superseded",
+        "input": key,
+        "version": version,
+        "sequencer": sequencer,
+        "newer": newer,
+        "job": job,
+        "reason": "S3 delivered this event after a later one for the same key; a transform job "
+        "reads the key's current content, so this event started no job of its own",
+        "action": "none: the newer content is (or is being) transformed"
+        + (f" by {job}" if job else ""),
+    }
+
+
+def superseded_key(identity: str) -> str:
+    """Where a superseded event's report goes: one object per object version, under outputs/."""
+    import hashlib
+
+    return f"outputs/_superseded/{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"

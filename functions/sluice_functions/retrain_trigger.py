@@ -43,6 +43,7 @@ metrics = Metrics()
 KEY = {"trigger": {"S": "pending"}}
 TRAINING_SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".gz")
 PROCESSING_JOB_STATE_CHANGE = "SageMaker Processing Job State Change"
+SEEN_TTL_S = 30 * 86400  # how long a delivered object or job is remembered (the table's TTL)
 
 
 def add(
@@ -54,8 +55,14 @@ def add(
     now: int,
     violations: list[dict] | None = None,
     hyperparameters: dict | None = None,
-) -> None:
-    """Record one trigger in the pending record (created on first use)."""
+    once: str | None = None,
+) -> bool:
+    """Record one trigger in the pending record (created on first use).
+
+    With `once` (an object's identity, a monitoring job's ARN), the trigger counts only the first
+    time that identity is seen, however often it is delivered: a marker item and the pending
+    update are written in one transaction. Returns False for a repeat.
+    """
     names = {"#w": "window", "#l": "last_seen", "#o": "objects", "#b": "bytes", "#r": "reasons"}
     values = {
         ":now": {"N": str(now)},
@@ -70,13 +77,54 @@ def add(
     if hyperparameters:
         names["#h"], values[":h"] = "hyperparameters", {"S": json.dumps(hyperparameters)}
         sets.append("#h = :h")
-    client("dynamodb").update_item(
-        TableName=table,
-        Key=KEY,
-        ExpressionAttributeNames=names,
-        ExpressionAttributeValues=values,
-        UpdateExpression=f"SET {', '.join(sets)} ADD #o :o, #b :b, #r :r",
-    )
+    update = {
+        "TableName": table,
+        "Key": KEY,
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+        "UpdateExpression": f"SET {', '.join(sets)} ADD #o :o, #b :b, #r :r",
+    }
+    if once is None:
+        client("dynamodb").update_item(**update)
+        return True
+    try:
+        client("dynamodb").transact_write_items(
+            TransactItems=[{"Put": seen_marker(table, once, now)}, {"Update": update}]
+        )
+        return True
+    except ClientError as e:
+        if error_code(e) == "TransactionCanceledException" and _marker_existed(e):
+            return False
+        raise
+
+
+def seen_marker(table: str, identity: str, now: int) -> dict:
+    """A Put that succeeds only the first time `identity` is seen (kept SEEN_TTL_S)."""
+    return {
+        "TableName": table,
+        "Item": {
+            "trigger": {"S": f"seen#{identity}"},
+            "expires": {"N": str(now + SEEN_TTL_S)},
+        },
+        "ConditionExpression": "attribute_not_exists(#t)",
+        "ExpressionAttributeNames": {"#t": "trigger"},
+    }
+
+
+def _marker_existed(e: ClientError) -> bool:
+    reasons = e.response.get("CancellationReasons") or []
+    return bool(reasons) and reasons[0].get("Code") == "ConditionalCheckFailed"
+
+
+def mark_seen(table: str, identity: str, now: int) -> bool:
+    """Record `identity` as handled; False if it already was (a repeated delivery)."""
+    try:
+        client("dynamodb").put_item(**seen_marker(table, identity, now))
+        return True
+    except ClientError as e:
+        if error_code(e) == "ConditionalCheckFailedException":
+            return False
+        raise
 
 
 def load(table: str) -> Pending | None:
@@ -180,8 +228,9 @@ def process(env: dict[str, str], now: int) -> dict:
     return {"outcome": "started", "execution": name, "why": why}
 
 
-def record_uploads(event: SQSEvent, env: dict[str, str], now: int) -> int:
-    """Count new training objects in an SQS batch of S3 events; return how many were new."""
+def record_uploads(event: SQSEvent, env: dict[str, str], now: int) -> tuple[int, list[str]]:
+    """Count new training objects in an SQS batch of S3 events, each object version once however
+    often S3 and SQS deliver it. Returns how many were new and the messages to retry."""
     settings = Settings(
         stage=env.get("STAGE", ""),
         bucket=env["DATA_BUCKET"],
@@ -195,10 +244,17 @@ def record_uploads(event: SQSEvent, env: dict[str, str], now: int) -> int:
         logger.error("malformed message acknowledged", extra={"reason": bad.reason})
     for skip in parsed.skipped:
         logger.info("skipped", extra={"reason": skip.reason, "key": skip.key})
-    uploads = dedupe(parsed.uploads)
-    if uploads:
-        add(env["RETRAIN_TABLE"], "new-data", len(uploads), sum(u.size for u in uploads), now=now)
-    return len(uploads)
+    new, retry = 0, []
+    for u in dedupe(parsed.uploads):
+        try:
+            if add(env["RETRAIN_TABLE"], "new-data", 1, u.size, now=now, once=u.identity):
+                new += 1
+            else:
+                logger.info("repeated delivery: already counted", extra={"object": u.identity})
+        except ClientError as e:
+            logger.warning("could not record an upload", extra={"error": str(e), "object": u.key})
+            retry.append(u.message_id)
+    return new, retry
 
 
 def read_s3(uri: str) -> bytes:
@@ -213,28 +269,42 @@ def notify(env: dict[str, str], subject: str, doc: dict) -> None:
 
 
 def record_monitoring(detail: dict, env: dict[str, str], now: int) -> dict:
-    """A monitoring job finished: drift adds a `drift` trigger; a broken monitor is reported."""
+    """A monitoring job finished: drift adds a `drift` trigger; a broken monitor is reported.
+    Each job counts once, whatever the number of deliveries (SageMaker may repeat an event)."""
     result = monitor_outcome(detail, read_s3)
+    job = detail.get("ProcessingJobArn") or result.job
     doc = {"job": result.job, "outcome": result.kind, "reason": result.reason}
+    table = env["RETRAIN_TABLE"]
+    if result.kind == "drift":
+        # capped as the execution input caps them: the pending record stays far from 400 KB
+        violations = result.violations[:MAX_VIOLATIONS]
+        if not add(table, "drift", now=now, violations=violations, once=f"monitor#{job}"):
+            return _repeated(doc, job)
+        metrics.add_metric("DriftViolations", MetricUnit.Count, len(result.violations))
+        logger.warning("drift: retrain requested", extra={**doc, "violations": result.violations})
+        started = process(env, now)
+        notify(
+            env,
+            f"Sluice {env.get('STAGE', '')}: drift detected",
+            {**doc, "violations": result.violations, "retrain": started},
+        )
+        return {**doc, "retrain": started}
+    if not mark_seen(table, f"monitor#{job}", now):
+        return _repeated(doc, job)
     if result.kind == "monitoring-failed":
         logger.error("monitoring failed: not treated as drift", extra=doc)
         metrics.add_metric("MonitoringFailures", MetricUnit.Count, 1)
         notify(env, f"Sluice {env.get('STAGE', '')}: monitoring failed", doc)
         return doc
-    metrics.add_metric("DriftViolations", MetricUnit.Count, len(result.violations))
-    if result.kind == "no-drift":
-        logger.info("no drift", extra=doc)
-        return doc
-    logger.warning("drift: retrain requested", extra={**doc, "violations": result.violations})
-    # capped as the execution input caps them: the pending record stays far from 400 KB
-    add(env["RETRAIN_TABLE"], "drift", now=now, violations=result.violations[:MAX_VIOLATIONS])
-    started = process(env, now)
-    notify(
-        env,
-        f"Sluice {env.get('STAGE', '')}: drift detected",
-        {**doc, "violations": result.violations, "retrain": started},
-    )
-    return {**doc, "retrain": started}
+    metrics.add_metric("DriftViolations", MetricUnit.Count, 0)
+    logger.info("no drift", extra=doc)
+    return doc
+
+
+def _repeated(doc: dict, job: str) -> dict:
+    logger.info("repeated monitoring event: already handled", extra={"job": job})
+    metrics.add_metric("RepeatedEvents", MetricUnit.Count, 1)
+    return {**doc, "outcome": "repeated", "first_outcome": doc["outcome"]}
 
 
 @dataclass(frozen=True)
@@ -267,15 +337,17 @@ class Command:
 def on_uploads(event: SQSEvent, context: LambdaContext) -> dict:
     """SQS batches of S3 events under training/: count new data, start a retrain when due."""
     env, now = dict(os.environ), int(time.time())
-    new = record_uploads(event, env, now)
+    new, retry = record_uploads(event, env, now)
     metrics.add_metric("NewTrainingObjects", MetricUnit.Count, new)
+    # partial batch response: only messages whose objects could not be recorded come back
+    failures = {"batchItemFailures": [{"itemIdentifier": m} for m in dict.fromkeys(retry)]}
     try:
-        return process(env, now)
+        return {**process(env, now), **failures}
     except ClientError as e:
-        # the uploads are recorded: retrying this batch would count them twice; the sweep
-        # starts the retrain instead
+        # the uploads are recorded (a redelivery would not count them again); the sweep starts
+        # the retrain instead
         logger.error("could not start a retrain; the sweep will", extra={"error": str(e)})
-        return {"outcome": "error", "error": error_code(e)}
+        return {"outcome": "error", "error": error_code(e), **failures}
 
 
 @metrics.log_metrics

@@ -33,11 +33,12 @@ from .batching import (
     dedupe,
     job_name,
     manifest,
+    newest_per_key,
     parse_message,
     plan_jobs,
     transform_request,
 )
-from .reports import failure_report, report_key
+from .reports import failure_report, report_key, superseded_key, superseded_report
 
 # service name and metrics namespace: POWERTOOLS_SERVICE_NAME and POWERTOOLS_METRICS_NAMESPACE,
 # set once in template.yaml
@@ -147,7 +148,7 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
         )
     metrics.add_metric("Skipped", MetricUnit.Count, len(parsed.skipped))
     metrics.add_metric("MalformedMessages", MetricUnit.Count, len(parsed.malformed))
-    uploads = dedupe(parsed.uploads)
+    uploads, older = newest_per_key(dedupe(parsed.uploads))
     table = os.environ.get("CLAIMS_TABLE")
     failed: set[str] = set()
     if table and uploads:
@@ -157,6 +158,22 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
         metrics.add_metric("DuplicateUploads", MetricUnit.Count, len(seen.duplicates))
         failed |= {u.message_id for u in seen.in_flight}
         uploads = seen.fresh
+        stale = claims.keep_latest(table, uploads)
+        older = [(u, newer.identity, None) for u, newer in older] + stale
+        uploads = [u for u in uploads if u not in {s[0] for s in stale}]
+    else:
+        older = [(u, newer.identity, None) for u, newer in older]
+    for u, newer, job in older:
+        # acknowledged, not transformed: a job already has (or will read) the key's newer content
+        report = superseded_report(u.key, u.version_id, u.sequencer, newer, job)
+        logger.warning("superseded upload: a later event for this key came first", extra=report)
+        client("s3").put_object(
+            Bucket=settings.bucket,
+            Key=superseded_key(u.identity),
+            Body=json.dumps(report, indent=2).encode(),
+            ContentType="application/json",
+        )
+    metrics.add_metric("SupersededUploads", MetricUnit.Count, len(older))
     if not uploads:
         return failures(failed)
     metrics.add_metric("Files", MetricUnit.Count, len(uploads))

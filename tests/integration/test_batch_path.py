@@ -12,6 +12,9 @@ from moto import mock_aws
 
 from tests.helpers import LambdaContext as Context
 
+# every request checked against AWS's own rules (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("strict_aws")
+
 BUCKET = "sluice-dev-data"
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -376,3 +379,42 @@ def test_failed_job_reports_and_notifies_once(aws):
 def test_other_events_are_ignored(aws):
     job = started_job(aws)
     assert finished(state_change(job, "InProgress"))["action"] == "ignored"
+
+
+def with_version(record: dict, version: str, sequencer: str) -> dict:
+    """The same S3 event as another version of the key, with S3's sequencer for it."""
+    body = json.loads(record["body"])
+    obj = body["Records"][0]["s3"]["object"]
+    obj["versionId"], obj["sequencer"] = version, sequencer
+    return {**record, "messageId": str(uuid.uuid4()), "body": json.dumps(body)}
+
+
+def test_an_older_event_arriving_after_a_newer_one_starts_no_work(aws):
+    """S3 does not order its notifications: v1's event may come after v2's. A job reads the
+    key's current content, so v1's event would only transform v2 again."""
+    upload(aws, "incoming/x.jsonl")
+    record = next(r for r in sqs_event(aws)["Records"] if "x.jsonl" in r["body"])
+    v1 = with_version(record, "v1", "0055AED6DCD90281E5")
+    v2 = with_version(record, "v2", "0055AED6DCD90281E6")
+    assert start({"Records": [v2]}) == {"batchItemFailures": []}
+    assert len(jobs(aws)) == 1
+    assert start({"Records": [v1]}) == {"batchItemFailures": []}  # acknowledged, not retried
+    assert len(jobs(aws)) == 1
+    # the report says what happened to it, and which job has the newer content
+    [job] = jobs(aws)
+    listed = aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix="outputs/_superseded/")["Contents"]
+    [report] = [
+        json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=o["Key"])["Body"].read()) for o in listed
+    ]
+    assert report["status"] == "Superseded" and report["input"] == "incoming/x.jsonl"
+    assert report["version"] == "v1" and report["newer"].endswith("@v2")
+    assert report["job"] == job["TransformJobName"]
+    # both in one batch, older last: one job, over the newer event
+    upload(aws, "incoming/y.jsonl")
+    record = next(r for r in sqs_event(aws)["Records"] if "y.jsonl" in r["body"])
+    newer = with_version(record, "v2", "00A1")
+    older = with_version(record, "v1", "009F")
+    start({"Records": [newer, older]})
+    assert len(jobs(aws)) == 2
+    y_job = next(j for j in jobs(aws) if "y.jsonl" in str(manifest_keys(aws, j)))
+    assert manifest_keys(aws, y_job) == [f"s3://{BUCKET}/incoming/y.jsonl"]  # once, not twice

@@ -6,9 +6,13 @@ import json
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from tests.helpers import LambdaContext as Context
+
+# every request checked against AWS's own rules (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("strict_aws")
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"
@@ -307,3 +311,63 @@ def test_broken_monitor_outputs_are_a_monitoring_failure_not_drift(
     assert executions(aws) == []
     [note] = topic()
     assert note["outcome"] == "monitoring-failed"
+
+
+# --- at-least-once and repeated deliveries (SQS and SageMaker both may deliver twice) ----------
+
+
+def test_one_object_delivered_ten_times_counts_once(aws):
+    rt = aws["rt"]
+    for _ in range(10):  # min objects is 10: counted per message, this started a retrain
+        out = rt.on_uploads(uploads(0, 1), Context())
+        assert out["outcome"] == "waiting" and out["batchItemFailures"] == []
+    assert executions(aws) == []
+    assert rt.load(TABLE).objects == 1
+    # a new version of the same key is new data
+    batch = uploads(0, 1)
+    body = json.loads(batch["Records"][0]["body"])
+    body["Records"][0]["s3"]["object"]["versionId"] = "v2"
+    batch["Records"][0]["body"] = json.dumps(body)
+    rt.on_uploads(batch, Context())
+    assert rt.load(TABLE).objects == 2
+
+
+def test_uploads_that_could_not_be_recorded_are_retried_alone(aws, monkeypatch):
+    rt = aws["rt"]
+    add = rt.add
+
+    def flaky(table, reason, *args, once=None, **kw):
+        if once and "part-1.txt" in once:
+            raise ClientError({"Error": {"Code": "ProvisionedThroughputExceededException"}}, "T")
+        return add(table, reason, *args, once=once, **kw)
+
+    monkeypatch.setattr(rt, "add", flaky)
+    out = rt.on_uploads(uploads(0, 3), Context())
+    assert out["batchItemFailures"] == [{"itemIdentifier": "m1"}]
+    assert rt.load(TABLE).objects == 2
+
+
+def test_a_repeated_drift_event_queues_no_second_retrain(aws, topic):
+    rt = aws["rt"]
+    put_output("sluice-dev-monitor-1", json.dumps(VIOLATIONS).encode())
+    event = monitor_event(
+        "sluice-dev-monitor-1",
+        ProcessingJobArn=f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:processing-job/sluice-dev-monitor-1",
+    )
+    assert rt.on_monitoring(event, Context())["retrain"]["outcome"] == "started"
+    [first] = executions(aws)
+    aws["sfn"].stop_execution(executionArn=first["executionArn"])  # the retrain has ended
+    aws["clock"]["now"] += 600
+    again = rt.on_monitoring(event, Context())  # SageMaker delivers the same change again
+    assert again["outcome"] == "repeated"
+    assert rt.on_command({"action": "sweep"}, Context())["outcome"] == "idle"
+    assert len(executions(aws)) == 1
+    assert [n["outcome"] for n in topic()] == ["drift"]  # notified once
+
+
+def test_a_repeated_monitoring_failure_is_reported_once(aws, topic):
+    rt = aws["rt"]
+    event = monitor_event("sluice-dev-monitor-1", "Failed", FailureReason="ClientError: x")
+    assert rt.on_monitoring(event, Context())["outcome"] == "monitoring-failed"
+    assert rt.on_monitoring(event, Context())["outcome"] == "repeated"
+    assert len(topic()) == 1

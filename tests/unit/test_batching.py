@@ -15,12 +15,13 @@ from sluice_functions.batching import (
     Upload,
     dedupe,
     job_name,
+    job_tags,
     manifest,
     parse_message,
     plan_jobs,
-    source_tags,
     transform_request,
 )
+from sluice_local.validation import problems
 
 SETTINGS = Settings(
     stage="dev",
@@ -82,8 +83,8 @@ def test_keys_are_decoded_and_skips_have_reasons():
     assert [m.message_id for m in p.malformed] == ["m7", "m8"]
 
 
-def upload(i: int, size: int = 100) -> Upload:
-    return Upload(f"m{i}", "b", f"incoming/f{i}.jsonl", size, f"e{i}")
+def upload(i: int, size: int = 100, key: str = "") -> Upload:
+    return Upload(f"m{i}", "b", key or f"incoming/f{i}.jsonl", size, f"e{i}")
 
 
 def test_one_job_per_batch_split_only_by_the_limits():
@@ -134,9 +135,11 @@ def test_manifest_keeps_paths_relative_to_the_common_folder():
 
 
 def validate(operation: str, params: dict) -> None:
+    """As botocore checks it before sending, then as SageMaker checks it on its side."""
     model = botocore.session.get_session().get_service_model("sagemaker")
     report = ParamValidator().validate(params, model.operation_model(operation).input_shape)
     assert not report.has_errors(), report.generate_report()
+    assert not problems("sagemaker", operation, params)
 
 
 def test_the_request_matches_botocores_service_model_and_asks_for_the_right_things():
@@ -164,9 +167,29 @@ def test_the_request_matches_botocores_service_model_and_asks_for_the_right_thin
     assert req["TransformOutput"]["S3OutputPath"] == f"s3://sluice-dev-data/outputs/{name}/"
 
 
-@pytest.mark.parametrize("n", [1, 3, 500])
-def test_tags_name_the_sources_within_limits(n):
-    tags = {t["Key"]: t["Value"] for t in source_tags(SETTINGS, [upload(i) for i in range(n)])}
-    assert tags["sluice:files"] == str(n)
-    assert len(tags["sluice:sources"]) <= 256
-    assert "incoming/f0.jsonl" in tags["sluice:sources"]
+@pytest.mark.parametrize("n", [1, 2, 500])
+def test_a_coalesced_job_passes_sagemakers_rules_and_its_tags_lead_to_the_manifest(n):
+    """A comma-joined list of keys in a tag was refused by SageMaker (TagValue has no comma) for
+    every job of two files or more; keys with any characters must not reach a tag either."""
+    ups = [upload(i) for i in range(n)] + [upload(n, key="incoming/a,b (1) ü #.jsonl")]
+    name = job_name("dev", ups)
+    req = transform_request(SETTINGS, "sluice-model-1", name, f"manifests/{name}.json", ups)
+    validate("CreateTransformJob", req)
+    tags = {t["Key"]: t["Value"] for t in job_tags(SETTINGS, ups, f"manifests/{name}.json")}
+    assert tags["sluice:files"] == str(n + 1)
+    assert tags["sluice:manifest"] == f"s3://sluice-dev-data/manifests/{name}.json"
+
+
+def test_sequencers_compare_as_s3_says_after_right_padding():
+    """S3: sequencers differ in length; right-pad the shorter with zeros, then compare."""
+    from sluice_functions.batching import newest_per_key, sequencer_order
+
+    assert sequencer_order("00A1") > sequencer_order("009F")
+    assert sequencer_order("1") > sequencer_order("09")  # "10" > "09" once padded on the right
+    assert sequencer_order("0055AED6DCD90281E5") == sequencer_order("0055AED6DCD90281E500")
+    from dataclasses import replace
+
+    a = replace(upload(1, key="incoming/k.jsonl"), sequencer="0055AED6DCD90281E6")
+    b = replace(upload(2, key="incoming/k.jsonl"), sequencer="0055AED6DCD90281E5")
+    kept, older = newest_per_key([b, a, upload(3)])
+    assert [u.message_id for u in kept] == ["m1", "m3"] and older == [(b, a)]

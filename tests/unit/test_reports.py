@@ -26,3 +26,18 @@ def test_success_report_from_the_event_detail():
     r = success_report(detail, ["s3://b/incoming/a"], files)
     assert (r["records"], r["error_lines"], r["duration_s"]) == (5, 1, 90.5)
     assert duration_s({}) is None
+
+
+def test_iso_8601_times_as_in_aws_samples_give_a_duration_too():
+    """SageMaker's documented event samples carry ISO-8601 times; before, duration_s was null."""
+    iso = {
+        "TransformStartTime": "2019-05-22T21:47:19.000Z",
+        "TransformEndTime": "2019-05-22T21:49:02Z",
+    }
+    assert duration_s(iso) == 103.0
+    detail = {**iso, "TransformJobName": "j", "TransformJobStatus": "Completed", "ModelName": "m"}
+    r = success_report(detail, [], [])
+    assert r["started"] == "2019-05-22T21:47:19+00:00"
+    mixed = {"TransformStartTime": "2023-11-14T22:13:20Z", "TransformEndTime": 1_700_000_090_500}
+    assert duration_s(mixed) == 90.5
+    assert duration_s({"TransformStartTime": "yesterday", "TransformEndTime": 1}) is None
