@@ -118,28 +118,29 @@ def keep_latest(
     object version and the job that claimed it (S3 delivers events out of order: an older event
     must not start work over newer content)."""
     now = int(time.time() if now is None else now)
+    ddb = client("dynamodb")
     superseded = []
     for u in uploads:
         if not u.sequencer:
             continue  # events without one (tests, replication) are ordered by nothing
+        order = sequencer_order(u.sequencer)
         try:
-            client("dynamodb").put_item(
+            ddb.put_item(
                 TableName=table,
                 Item={
                     "object": {"S": f"latest#{u.location}"},
-                    "sequencer": {"S": sequencer_order(u.sequencer)},
+                    "sequencer": {"S": order},
                     "identity": {"S": u.identity},
                     "expires": {"N": str(now + TTL_S)},
                 },
                 # the same event again is fine (its claim decides); an older one is not
                 ConditionExpression="attribute_not_exists(#o) OR #s <= :s",
                 ExpressionAttributeNames={"#o": "object", "#s": "sequencer"},
-                ExpressionAttributeValues={":s": {"S": sequencer_order(u.sequencer)}},
+                ExpressionAttributeValues={":s": {"S": order}},
             )
         except ClientError as e:
             if error_code(e) != "ConditionalCheckFailedException":
                 raise
-            ddb = client("dynamodb")
             latest = ddb.get_item(TableName=table, Key={"object": {"S": f"latest#{u.location}"}})
             newer = latest.get("Item", {}).get("identity", {}).get("S", "a later event")
             claim = ddb.get_item(TableName=table, Key={"object": {"S": newer}}).get("Item", {})

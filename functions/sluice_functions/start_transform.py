@@ -148,7 +148,8 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
         )
     metrics.add_metric("Skipped", MetricUnit.Count, len(parsed.skipped))
     metrics.add_metric("MalformedMessages", MetricUnit.Count, len(parsed.malformed))
-    uploads, older = newest_per_key(dedupe(parsed.uploads))
+    uploads, in_batch = newest_per_key(dedupe(parsed.uploads))
+    older = [(u, newer.identity, None) for u, newer in in_batch]
     table = os.environ.get("CLAIMS_TABLE")
     failed: set[str] = set()
     if table and uploads:
@@ -159,10 +160,9 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
         failed |= {u.message_id for u in seen.in_flight}
         uploads = seen.fresh
         stale = claims.keep_latest(table, uploads)
-        older = [(u, newer.identity, None) for u, newer in older] + stale
-        uploads = [u for u in uploads if u not in {s[0] for s in stale}]
-    else:
-        older = [(u, newer.identity, None) for u, newer in older]
+        older += stale
+        superseded = {u for u, _, _ in stale}
+        uploads = [u for u in uploads if u not in superseded]
     for u, newer, job in older:
         # acknowledged, not transformed: a job already has (or will read) the key's newer content
         report = superseded_report(u.key, u.version_id, u.sequencer, newer, job)
