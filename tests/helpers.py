@@ -30,6 +30,20 @@ TINY = {
 }
 
 
+def lambda_env(**extra: str) -> dict[str, str]:
+    """What template.yaml gives every function (Globals), as the handler tests set it, with
+    moto's credentials and region, plus each test's own variables."""
+    return {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
+        "STAGE": "dev",
+        "DATA_BUCKET": "sluice-dev-data",
+        **extra,
+    }
+
+
 def hp(**overrides) -> dict[str, str]:
     """TINY hyperparameters with overrides, all as strings (as SageMaker passes them)."""
     return {**TINY, **{k: str(v) for k, v in overrides.items()}}

@@ -51,6 +51,16 @@ def problems(service: str, operation: str, params: dict) -> list[str]:
     return shape_problems(params, input_shape(service, operation))
 
 
+def request_problems(service: str, operation: str, params: dict) -> list[str]:
+    """What botocore refuses before sending (types, required members), then what the service
+    refuses on its side (`problems`): everything a captured request must pass."""
+    from botocore.validate import ParamValidator
+
+    report = ParamValidator().validate(params, input_shape(service, operation))
+    client_side = [report.generate_report()] if report.has_errors() else []
+    return client_side + problems(service, operation, params)
+
+
 def shape_problems(value, shape, path: str = "") -> list[str]:
     """The constraints `value` breaks against a botocore shape (and its members)."""
     if shape is None or value is None:

@@ -11,6 +11,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from tests.helpers import LambdaContext as Context
+from tests.helpers import lambda_env
 
 # every request checked against AWS's own rules (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("strict_aws")
@@ -23,20 +24,14 @@ PARAM = "/sluice/dev/current-model"
 
 @pytest.fixture
 def aws(monkeypatch):
-    env = {
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "POWERTOOLS_TRACE_DISABLED": "true",
-        "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
-        "STAGE": "dev",
-        "DATA_BUCKET": BUCKET,
-        "MODEL_PARAMETER": PARAM,
-        "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm",
-        "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k",
-        "MAX_FILES_PER_JOB": "1000",
-        "CLAIMS_TABLE": "claims",
-    }
+    env = lambda_env(
+        POWERTOOLS_TRACE_DISABLED="true",
+        MODEL_PARAMETER=PARAM,
+        SAGEMAKER_ROLE_ARN=f"arn:aws:iam::{ACCOUNT}:role/sm",
+        KMS_KEY_ARN=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k",
+        MAX_FILES_PER_JOB="1000",
+        CLAIMS_TABLE="claims",
+    )
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with mock_aws():

@@ -10,6 +10,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from tests.helpers import LambdaContext as Context
+from tests.helpers import lambda_env
 
 # every request checked against AWS's own rules (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("strict_aws")
@@ -22,18 +23,12 @@ TABLE = "retrain-triggers"
 
 @pytest.fixture
 def aws(monkeypatch):
-    env = {
-        "AWS_DEFAULT_REGION": REGION,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
-        "STAGE": "dev",
-        "DATA_BUCKET": BUCKET,
-        "RETRAIN_TABLE": TABLE,
-        "RETRAIN_MIN_OBJECTS": "10",
-        "RETRAIN_MIN_BYTES": "1000000",
-        "RETRAIN_QUIET_SECONDS": "600",
-    }
+    env = lambda_env(
+        RETRAIN_TABLE=TABLE,
+        RETRAIN_MIN_OBJECTS="10",
+        RETRAIN_MIN_BYTES="1000000",
+        RETRAIN_QUIET_SECONDS="600",
+    )
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with mock_aws():

@@ -10,10 +10,11 @@ from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
-from botocore.validate import ParamValidator
 from moto import mock_aws
 
+from sluice_local.validation import request_problems
 from tests.helpers import LambdaContext as Context
+from tests.helpers import lambda_env
 
 # every request checked against AWS's own rules (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("strict_aws")
@@ -23,28 +24,21 @@ ACCOUNT = "123456789012"
 BUCKET = "sluice-dev-data"
 PARAM = "/sluice/dev/current-model"
 MODEL = "sluice-dev-0123abcd"
-ENV = {
-    "AWS_DEFAULT_REGION": REGION,
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "POWERTOOLS_METRICS_NAMESPACE": "Sluice",
-    "STAGE": "dev",
-    "DATA_BUCKET": BUCKET,
-    "MODEL_PARAMETER": PARAM,
-    "IMAGE_URI": f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1",
-    "SAGEMAKER_ROLE_ARN": f"arn:aws:iam::{ACCOUNT}:role/sm",
-    "ENDPOINT_NAME": "sluice-dev",
-    "KMS_KEY_ARN": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k",
-    "MONITORING_MODE": "Processing",
-}
+ENV = lambda_env(
+    MODEL_PARAMETER=PARAM,
+    IMAGE_URI=f"{ACCOUNT}.dkr.ecr.{REGION}.amazonaws.com/sluice:1",
+    SAGEMAKER_ROLE_ARN=f"arn:aws:iam::{ACCOUNT}:role/sm",
+    ENDPOINT_NAME="sluice-dev",
+    KMS_KEY_ARN=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/k",
+    MONITORING_MODE="Processing",
+)
 
 
 def validate(operation: str, request: dict) -> None:
-    """Check a request against the SageMaker service model botocore ships (shapes, enums,
-    required members, lengths): what moto cannot answer is still checked as AWS would."""
-    model = boto3.client("sagemaker", region_name=REGION).meta.service_model
-    report = ParamValidator().validate(request, model.operation_model(operation).input_shape)
-    assert not report.has_errors(), report.generate_report()
+    """Check a request as botocore and then SageMaker would (types, required members, patterns,
+    lengths, ranges, enums): what moto cannot answer is still checked as AWS would."""
+    found = request_problems("sagemaker", operation, request)
+    assert not found, found
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-import botocore.session
 import pytest
-from botocore.validate import ParamValidator
 
 from sluice_functions.batching import (
     JOB_NAME_RE,
@@ -21,7 +19,7 @@ from sluice_functions.batching import (
     plan_jobs,
     transform_request,
 )
-from sluice_local.validation import problems
+from sluice_local.validation import request_problems
 
 SETTINGS = Settings(
     stage="dev",
@@ -136,10 +134,8 @@ def test_manifest_keeps_paths_relative_to_the_common_folder():
 
 def validate(operation: str, params: dict) -> None:
     """As botocore checks it before sending, then as SageMaker checks it on its side."""
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    report = ParamValidator().validate(params, model.operation_model(operation).input_shape)
-    assert not report.has_errors(), report.generate_report()
-    assert not problems("sagemaker", operation, params)
+    found = request_problems("sagemaker", operation, params)
+    assert not found, found
 
 
 def test_the_request_matches_botocores_service_model_and_asks_for_the_right_things():
