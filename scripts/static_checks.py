@@ -2,9 +2,10 @@
 
     python scripts/static_checks.py [--root DIR] [--only ruff,asl,...] [--sam PATH] [--checkov PATH]
 
-Checks: ruff (lint and format), cfn-lint, `sam validate --lint`, every statemachine/*.asl.json
-(after substituting its DefinitionSubstitutions from template.yaml) by statelint and by moto's ASL
-parser, and checkov with the skip list committed in .checkov.yaml.
+Checks: ruff (lint and format), cfn-lint, `sam validate --lint`, every statemachine/*.asl.yaml or
+.asl.json (valid YAML/JSON as written, then rendered as CloudFormation renders it: substitutions
+from template.yaml, YAML to JSON) by statelint and by moto's ASL parser, and checkov with the skip
+list committed in .checkov.yaml.
 """
 
 from __future__ import annotations
@@ -108,11 +109,11 @@ def state_machines(template: dict, root: Path) -> dict[Path, dict]:
     return found
 
 
-def substitute(text: str, subs: dict) -> tuple[str, list[str]]:
-    """Apply substitutions as Step Functions does; return the text and any undefined names."""
-    from sluice_local.template import substitute as apply
+def render(text: str, subs: dict) -> tuple[str, list[str]]:
+    """The JSON definition CloudFormation hands Step Functions; and any undefined names."""
+    from sluice_local.template import render_definition
 
-    return apply(text, subs)
+    return render_definition(text, subs)
 
 
 def filter_false_positive(line: str, text: str) -> bool:
@@ -142,14 +143,21 @@ def _state_has(states: dict, name: str, pattern: str) -> bool:
 
 def check_asl_file(path: Path, subs: dict, statelint: str) -> list[str]:
     """Validate one definition; return the problems found (empty when valid)."""
+    import yaml
+
     problems: list[str] = []
-    text, missing = substitute(path.read_text(), subs)
+    source = path.read_text()
+    try:  # editors, linters and jq read the file as written
+        yaml.safe_load(source)
+    except yaml.YAMLError as e:
+        problems.append(f"not valid YAML/JSON before substitution: {e}")
+    try:
+        text, missing = render(source, subs)
+        json.loads(text)
+    except (ValueError, yaml.YAMLError) as e:
+        return [*problems, f"not a valid definition after substitution: {e}"]
     for name in sorted(set(missing)):
         problems.append(f"${{{name}}} is not defined in the template's DefinitionSubstitutions")
-    try:
-        json.loads(text)
-    except json.JSONDecodeError as e:
-        return [*problems, f"not valid JSON after substitution: {e}"]
     with tempfile.NamedTemporaryFile("w", suffix=".asl.json", delete=False) as f:
         f.write(text)
     try:
@@ -165,6 +173,9 @@ def check_asl_file(path: Path, subs: dict, statelint: str) -> list[str]:
     try:
         from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 
+        from sluice_local import moto_fixes
+
+        moto_fixes.apply()  # the interpreter the local stack runs (optimized SageMaker, .sync)
         AmazonStateLanguageParser.parse(text)
     except Exception as e:  # the parser raises a variety of types; any is a refusal
         problems.append(f"moto ASL parser: {type(e).__name__}: {e}")
@@ -172,7 +183,9 @@ def check_asl_file(path: Path, subs: dict, statelint: str) -> list[str]:
 
 
 def check_asl(root: Path, statelint: str) -> int:
-    files = sorted((root / "statemachine").glob("*.asl.json"))
+    files = sorted(
+        p for p in (root / "statemachine").glob("*.asl.*") if p.suffix in (".json", ".yaml")
+    )
     template = root / "template.yaml"
     subs_by_file = state_machines(load_template(template), root) if template.exists() else {}
     failed = 0

@@ -21,7 +21,7 @@ from pathlib import Path
 from botocore.exceptions import ClientError, ParamValidationError
 
 from . import ACCOUNT, REGION
-from .template import Resolver, TemplateError, Transformed, Unresolved, substitute
+from .template import Resolver, TemplateError, Transformed, Unresolved, render_definition
 
 
 @dataclass
@@ -475,7 +475,7 @@ class Deployer:
             text = p["DefinitionString"]
         else:
             text = json.dumps(p["Definition"])
-        text, missing = substitute(text, p.get("DefinitionSubstitutions") or {})
+        text, missing = render_definition(text, p.get("DefinitionSubstitutions") or {})
         if missing:
             raise TemplateError(f"{rid}: undefined substitutions {sorted(set(missing))}")
         arn = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{name}"

@@ -5,9 +5,226 @@ Each entry names the difference; none changes what a definition means.
 
 from __future__ import annotations
 
+import functools
+import json
+
 # aws-sdk task ARNs name Application Auto Scaling `applicationautoscaling`; boto3 knows it as
 # `application-autoscaling`, and moto's interpreter maps only some services' names.
 SFN_SERVICE_NAMES = {"applicationautoscaling": "application-autoscaling"}
+
+# Step Functions names an aws-sdk error `ServiceName.ErrorName`, both PascalCase, the error name
+# given an `Exception` suffix when it lacks one (developer guide, "AWS SDK service integrations").
+# moto's interpreter names every unmodelled error `sagemaker.sagemakerException`, so a Retry on
+# throttling never matched there. The service names are the AWS SDKs' (AcmPca, DynamoDb, Ssm).
+SFN_ERROR_SERVICE_NAMES = {
+    "applicationautoscaling": "ApplicationAutoScaling",
+    "dynamodb": "DynamoDb",
+    "sagemaker": "SageMaker",
+    "sfn": "Sfn",
+    "sns": "Sns",
+    "sqs": "Sqs",
+    "ssm": "Ssm",
+    "s3": "S3",
+}
+
+# Step Functions' optimized SageMaker integration: these actions, `.sync` for the jobs
+# (developer guide, "Create and manage Amazon SageMaker AI jobs with Step Functions").
+SAGEMAKER_ACTIONS = {
+    "createendpoint",
+    "createendpointconfig",
+    "createhyperparametertuningjob",
+    "createlabelingjob",
+    "createmodel",
+    "createprocessingjob",
+    "createtrainingjob",
+    "createtransformjob",
+    "updateendpoint",
+}
+# action -> (describe call, name parameter, status field, terminal success, terminal failures)
+SAGEMAKER_JOBS = {
+    "createtrainingjob": (
+        "describe_training_job",
+        "TrainingJobName",
+        "TrainingJobStatus",
+        "Completed",
+        ("Failed", "Stopped"),
+    ),
+    "createprocessingjob": (
+        "describe_processing_job",
+        "ProcessingJobName",
+        "ProcessingJobStatus",
+        "Completed",
+        ("Failed", "Stopped"),
+    ),
+    "createtransformjob": (
+        "describe_transform_job",
+        "TransformJobName",
+        "TransformJobStatus",
+        "Completed",
+        ("Failed", "Stopped"),
+    ),
+    "createhyperparametertuningjob": (
+        "describe_hyper_parameter_tuning_job",
+        "HyperParameterTuningJobName",
+        "HyperParameterTuningJobStatus",
+        "Completed",
+        ("Failed", "Stopped"),
+    ),
+}
+
+
+def aws_sdk_error_name(service: str, code: str) -> str:
+    """The error name Step Functions gives an aws-sdk task's failed call."""
+    prefix = SFN_ERROR_SERVICE_NAMES.get(service.lower(), service[:1].upper() + service[1:])
+    return f"{prefix}.{code if code.endswith('Exception') else code + 'Exception'}"
+
+
+def _aws_sdk_exception_name(norm_service_name: str, ex: Exception) -> str:
+    from botocore.exceptions import ClientError
+
+    code = ex.response["Error"]["Code"] if isinstance(ex, ClientError) else type(ex).__name__
+    return aws_sdk_error_name(norm_service_name, code)
+
+
+def _aws_sdk_service_error_name(service_name: str) -> str:
+    return service_name
+
+
+def _task_parameters(moto_eval_parameters):
+    """A Task without Parameters sends its effective input (after InputPath) as the request, as
+    Step Functions does; moto's interpreter sent an empty request."""
+    import copy
+
+    def eval_parameters(self, env) -> dict:
+        if self.parargs is None:
+            return copy.deepcopy(env.stack[-1])
+        return moto_eval_parameters(self, env)
+
+    return eval_parameters
+
+
+@functools.cache
+def sagemaker_task_class():
+    """Step Functions' optimized SageMaker integration (`arn:aws:states:::sagemaker:<action>`,
+    `.sync` for jobs) for moto's interpreter, which forwards these calls without `.sync`.
+
+    Errors are named as the optimized integration names them (`SageMaker.AmazonSageMakerException`,
+    the cause carrying the service's error code); a job that ends Failed or Stopped fails the task
+    with `States.TaskFailed` and the job's description as the cause; a Completed job's description
+    is the task's result."""
+    from botocore.exceptions import ClientError
+    from moto.stepfunctions.parser.api import HistoryEventType, TaskFailedEventDetails
+    from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import (
+        CustomErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import (
+        FailureEvent,
+        FailureEventException,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import (
+        StatesErrorName,
+    )
+    from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
+        StatesErrorNameType,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.resource import (
+        ResourceCondition,
+    )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service_callback import (  # noqa: E501
+        StateTaskServiceCallback,
+    )
+    from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+    from moto.stepfunctions.parser.asl.utils.boto_client import boto_client_for
+
+    def as_json(value) -> object:
+        return json.loads(json.dumps(value, default=str))
+
+    class SageMakerTask(StateTaskServiceCallback):
+        def __init__(self):
+            super().__init__(
+                supported_integration_patterns={
+                    ResourceCondition.WaitForTaskToken,
+                    ResourceCondition.Sync,
+                }
+            )
+
+        def _validate_service_integration_is_supported(self):
+            action = self.resource.api_action.lower()
+            if action not in SAGEMAKER_ACTIONS:
+                raise ValueError(f"{self.resource.resource_arn}: not an optimized SageMaker action")
+            if self.resource.condition == ResourceCondition.Sync and action not in SAGEMAKER_JOBS:
+                raise ValueError(f"{self.resource.resource_arn}: SageMaker has no .sync for it")
+
+        def _failure(self, env, error: str, cause: str, name=None) -> FailureEventException:
+            return FailureEventException(
+                FailureEvent(
+                    env=env,
+                    error_name=name or CustomErrorName(error_name=error),
+                    event_type=HistoryEventType.TaskFailed,
+                    event_details=EventDetails(
+                        taskFailedEventDetails=TaskFailedEventDetails(
+                            resource=self._get_sfn_resource(),
+                            resourceType=self._get_sfn_resource_type(),
+                            error=error,
+                            cause=cause,
+                        )
+                    ),
+                )
+            )
+
+        def _from_error(self, env, ex):
+            if isinstance(ex, ClientError):
+                meta = ex.response.get("ResponseMetadata", {})
+                cause = (
+                    f"{ex.response['Error'].get('Message', '')} (Service: AmazonSageMaker; "
+                    f"Status Code: {meta.get('HTTPStatusCode', 400)}; "
+                    f"Error Code: {ex.response['Error']['Code']}; "
+                    f"Request ID: {meta.get('RequestId', '')}; Proxy: null)"
+                )
+                error = "SageMaker.AmazonSageMakerException"
+                return self._failure(env, error, cause).failure_event
+            return super()._from_error(env, ex)
+
+        def _client(self, region, credentials):
+            return boto_client_for(
+                service="sagemaker", region=region, state_credentials=credentials
+            )
+
+        # moto calls these two with keyword arguments: the parameter names are its own
+        def _eval_service_task(
+            self, env, resource_runtime_part, normalised_parameters, state_credentials
+        ):
+            client = self._client(resource_runtime_part.region, state_credentials)
+            response = getattr(client, self._get_boto_service_action())(**normalised_parameters)
+            response.pop("ResponseMetadata", None)
+            env.stack.append(as_json(response))
+
+        def _build_sync_resolver(
+            self, env, resource_runtime_part, normalised_parameters, state_credentials
+        ):
+            describe, key, field, done, failed = SAGEMAKER_JOBS[self.resource.api_action.lower()]
+            client = self._client(resource_runtime_part.region, state_credentials)
+            env.stack.pop()  # the Create call's answer: .sync answers with the job's description
+            name = normalised_parameters[key]
+
+            def resolve():
+                job = getattr(client, describe)(**{key: name})
+                job.pop("ResponseMetadata", None)
+                job = as_json(job)
+                if job.get(field) == done:
+                    return job
+                if job.get(field) in failed:
+                    raise self._failure(
+                        env,
+                        StatesErrorNameType.StatesTaskFailed.to_name(),
+                        json.dumps(job),
+                        StatesErrorName(typ=StatesErrorNameType.StatesTaskFailed),
+                    )
+                return None
+
+            return resolve
+
+    return SageMakerTask
 
 
 def service_names() -> dict[str, str]:
@@ -49,12 +266,68 @@ def bucket_permission(bucket, action: str, resource: str):
     return result
 
 
-def apply() -> None:
-    """Install the fixes in this process (the local stack's)."""
-    from moto.s3.models import FakeBucket
+def interpreter_patches() -> list[tuple[object, str, object]]:
+    """(owner, attribute, value) for each Step Functions interpreter fix; `apply` sets them for
+    the local stack's lifetime, tests set them with monkeypatch."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task import state_task_factory
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
         state_task_service,
+        state_task_service_aws_sdk,
+        state_task_service_factory,
     )
 
-    state_task_service.StateTaskService._SERVICE_NAME_SFN_TO_BOTO_OVERRIDES = service_names()
-    FakeBucket.get_permission = bucket_permission
+    sagemaker_task = sagemaker_task_class()
+    moto_factory = state_task_service_factory.state_task_service_for
+
+    def state_task_service_for(service_name: str):
+        return sagemaker_task() if service_name == "sagemaker" else moto_factory(service_name)
+
+    aws_sdk = state_task_service_aws_sdk.StateTaskServiceAwsSdk
+    service = state_task_service.StateTaskService
+    return [
+        (service, "_eval_parameters", _task_parameters(service._eval_parameters)),
+        (
+            state_task_service.StateTaskService,
+            "_SERVICE_NAME_SFN_TO_BOTO_OVERRIDES",
+            service_names(),
+        ),
+        (state_task_factory, "state_task_service_for", state_task_service_for),
+        (aws_sdk, "_normalise_service_error_name", staticmethod(_aws_sdk_service_error_name)),
+        (aws_sdk, "_normalise_exception_name", staticmethod(_aws_sdk_exception_name)),
+    ]
+
+
+def _idempotent_model_package(moto_create):
+    """CreateModelPackage with a ClientToken it has seen returns that package, as SageMaker does
+    (the token "guarantees that the call to this API is idempotent"); moto made a second one."""
+
+    def create_model_package(backend, *args, **kwargs):
+        token = kwargs.get("client_token")
+        if token:
+            for package in backend.model_packages.values():
+                if getattr(package, "client_token", None) == token:
+                    return package.arn
+        return moto_create(backend, *args, **kwargs)
+
+    return create_model_package
+
+
+def backend_patches() -> list[tuple[object, str, object]]:
+    """(owner, attribute, value) for each fix to moto's services."""
+    from moto.s3.models import FakeBucket
+    from moto.sagemaker.models import SageMakerModelBackend
+
+    return [
+        (FakeBucket, "get_permission", bucket_permission),
+        (
+            SageMakerModelBackend,
+            "create_model_package",
+            _idempotent_model_package(SageMakerModelBackend.create_model_package),
+        ),
+    ]
+
+
+def apply() -> None:
+    """Install the fixes in this process (the local stack's)."""
+    for owner, name, value in interpreter_patches() + backend_patches():
+        setattr(owner, name, value)

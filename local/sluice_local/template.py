@@ -15,6 +15,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from . import ACCOUNT, REGION
 
 SUBSTITUTION = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
@@ -239,6 +241,23 @@ def substitute(text: str, subs: dict) -> tuple[str, list[str]]:
         return _text(subs[name])
 
     return SUBSTITUTION.sub(repl, text), missing
+
+
+def render_definition(text: str, subs: dict) -> tuple[str, list[str]]:
+    """A state machine definition as CloudFormation hands it to Step Functions: substitutions
+    applied to the file's text first, then JSON taken as is, else YAML converted to JSON (the
+    order of AWS::StepFunctions::StateMachine's DefinitionS3Location handling).
+    Returns the JSON text and any undefined names."""
+    text, missing = substitute(text, subs)
+    try:
+        json.loads(text)
+        return text, missing
+    except json.JSONDecodeError:
+        pass
+    doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if not isinstance(doc, dict):
+        raise ValueError("a state machine definition is a JSON or YAML mapping")
+    return json.dumps(doc, indent=2), missing
 
 
 # --- the SAM transform -------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from functools import cache
 
@@ -135,7 +136,7 @@ def rejected(operation: str, found: list[str]) -> ClientError:
     return ClientError(
         {
             "Error": {"Code": ERROR_CODE, "Message": message(found)},
-            "ResponseMetadata": {"HTTPStatusCode": 400},
+            "ResponseMetadata": {"HTTPStatusCode": 400, "RequestId": str(uuid.uuid4())},
         },
         operation,
     )

@@ -13,6 +13,7 @@ from sluice_local.template import (
     TemplateError,
     Unresolved,
     parameter_values,
+    render_definition,
     samconfig_overrides,
     substitute,
     transform,
@@ -65,6 +66,40 @@ def test_intrinsic_functions():
     with pytest.raises(Unresolved):  # not created yet: the deployer tries it again later
         r.resolve({"Fn::GetAtt": ["Queue", "Arn"]})
     assert substitute('{"a": ${A}, "b": "${B}"}', {"A": 1}) == ('{"a": 1, "b": "${B}"}', ["B"])
+
+
+def test_a_yaml_definition_is_rendered_as_cloudformation_renders_it():
+    """Substitutions in the text first (bare ones become numbers and objects), then YAML -> JSON;
+    a JSON definition is passed through as written."""
+    import json
+
+    text = (
+        "# a comment\nTimeoutSeconds: ${T}\nStates:\n  A: {Type: Pass, Result: ${O}, End: true}\n"
+    )
+    rendered, _ = render_definition(text.replace("${O}", "'${O}'"), {"T": 60, "O": "x"})
+    assert json.loads(rendered) == {
+        "TimeoutSeconds": 60,
+        "States": {"A": {"Type": "Pass", "Result": "x", "End": True}},
+    }
+    block = "States:\n  A:\n    Type: Pass\n    Result: ${O}\n    End: true\n"
+    rendered, _ = render_definition(block, {"O": '{"VpcConfig": {"Subnets": ["a"]}}'})
+    assert json.loads(rendered)["States"]["A"]["Result"] == {"VpcConfig": {"Subnets": ["a"]}}
+    assert render_definition('{"a": ${A}}', {"A": 1}) == ('{"a": 1}', [])
+    assert render_definition("a: ${B}", {})[1] == ["B"]
+
+
+def test_step_functions_error_names_for_aws_sdk_tasks():
+    """`ServiceName.ErrorName`, PascalCase as the AWS SDKs name the service, `Exception` added."""
+    from sluice_local.moto_fixes import aws_sdk_error_name
+
+    assert aws_sdk_error_name("sagemaker", "ThrottlingException") == "SageMaker.ThrottlingException"
+    assert aws_sdk_error_name("sagemaker", "ValidationException") == "SageMaker.ValidationException"
+    assert aws_sdk_error_name("ssm", "ThrottlingException") == "Ssm.ThrottlingException"
+    assert aws_sdk_error_name("s3", "NoSuchKey") == "S3.NoSuchKeyException"
+    assert (
+        aws_sdk_error_name("applicationautoscaling", "ConcurrentUpdateException")
+        == "ApplicationAutoScaling.ConcurrentUpdateException"
+    )
 
 
 def test_the_real_template_transforms_and_every_resource_has_a_local_equivalent():

@@ -295,6 +295,11 @@ class LocalSageMaker:
         self.get("ModelPackageGroup", group)
         k = KINDS["ModelPackage"]
         with self.lock:
+            token = p.get("ClientToken")
+            for existing in self.resources["ModelPackage"].values():
+                if token and existing.get("ClientToken") == token:
+                    # the token "guarantees that the call to this API is idempotent"
+                    return {"ModelPackageArn": existing["ModelPackageArn"]}
             version = 1 + sum(
                 r["ModelPackageGroupName"] == group for r in self.resources["ModelPackage"].values()
             )
