@@ -53,3 +53,11 @@ def strict_aws():
     assert not seen, "requests AWS would refuse:\n" + "\n".join(
         f"{service} {op}: {'; '.join(found)}" for service, op, found in seen
     )
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests measured (e.g. the retraining fault-injection count), after the results."""
+    from tests.helpers import FIGURES
+
+    for figure in FIGURES:
+        terminalreporter.write_line(figure)

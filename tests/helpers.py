@@ -11,6 +11,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Figures a test measured, printed at the end of the run (tests/conftest.py)
+FIGURES: list[str] = []
+
 # Small enough for 2 CPU cores, big enough that loss visibly falls.
 TINY = {
     "model_size": "tiny",

@@ -1,10 +1,12 @@
-"""Run statemachine/retrain.asl.json, unchanged, in moto's Step Functions interpreter.
+"""Run statemachine/retrain.asl.yaml, unchanged, in moto's Step Functions interpreter.
 
 moto answers SageMaker at once (every job Completed, every endpoint InService) and lacks
 UpdateEndpoint. `SimulatedSageMaker` plays the service's part: jobs go InProgress -> an outcome
 after a few polls, training reports the metrics its container would log, UpdateEndpoint exists
 and can be rolled back. It changes the simulated service only; the definition runs as deployed,
-with the template's own DefinitionSubstitutions (deployment-specific values filled in).
+with the template's own DefinitionSubstitutions (deployment-specific values filled in), in the
+interpreter the local stack runs (sluice_local.moto_fixes: the optimized SageMaker integration
+with .sync, AWS's error names). Waits and retry back-offs take no time here (`fast_clock`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ PARAM = "/sluice/test/current-model"
 ENDPOINT = f"sluice-{STAGE}"
 GROUP = f"sluice-{STAGE}"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/sluice-test-sagemaker"
+DEFINITION = REPO / "statemachine/retrain.asl.yaml"
+CHAMPION = f"sluice-{STAGE}-champion"
+CHAMPION_DATA = f"s3://{BUCKET}/models/{CHAMPION}/output/model.tar.gz"
 
 
 @cache
@@ -39,12 +44,16 @@ def _static_checks():
     return mod
 
 
+@cache
+def _template_substitutions() -> tuple:
+    checks = _static_checks()
+    found = checks.state_machines(checks.load_template(REPO / "template.yaml"), REPO)
+    return tuple(found[DEFINITION.resolve()].items())
+
+
 def substitutions(**overrides) -> dict:
     """The template's DefinitionSubstitutions on its defaults, with this test deployment's names."""
-    checks = _static_checks()
-    subs = checks.state_machines(checks.load_template(REPO / "template.yaml"), REPO)[
-        (REPO / "statemachine/retrain.asl.json").resolve()
-    ]
+    subs = dict(_template_substitutions())
     subs.update(
         Stage=STAGE,
         DataBucket=BUCKET,
@@ -56,9 +65,11 @@ def substitutions(**overrides) -> dict:
         DataKeyArn=f"arn:aws:kms:{REGION}:{ACCOUNT}:key/test",
         ErrorsAlarm="sluice-test-endpoint-5xx",
         LatencyAlarm="sluice-test-endpoint-latency",
-        PollSeconds=0,
-        TrainingMaxPolls=6,
-        EndpointMaxPolls=6,
+        # waits take no time here (fast_clock); the settle bound counts them: 12 polls
+        PollSeconds=60,
+        DeploymentTimeoutSeconds=600,  # SageMaker's minimum
+        RollbackAllowanceSeconds=120,
+        TrainingTimeoutSeconds=20,
         CompileMaxPolls=6,
         # moto checks instance types against an older list than SageMaker's (no g5)
         EndpointInstanceType="ml.g4dn.xlarge",
@@ -69,7 +80,7 @@ def substitutions(**overrides) -> dict:
 
 def definition(subs: dict) -> str:
     checks = _static_checks()
-    text, missing = checks.substitute((REPO / "statemachine/retrain.asl.json").read_text(), subs)
+    text, missing = checks.render(DEFINITION.read_text(), subs)
     assert not missing, missing
     return text
 
@@ -90,19 +101,14 @@ class SimulatedSageMaker:
     def install(self, monkeypatch) -> None:
         from moto.sagemaker.models import SageMakerModelBackend
         from moto.sagemaker.responses import SageMakerResponse
-        from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
-            state_task_service,
-        )
 
-        from sluice_local.moto_fixes import service_names
+        from sluice_local.moto_fixes import backend_patches, interpreter_patches
 
         sim = self
-        # moto's interpreter knows boto's name, not the one Step Functions uses in aws-sdk ARNs
-        monkeypatch.setattr(
-            state_task_service.StateTaskService,
-            "_SERVICE_NAME_SFN_TO_BOTO_OVERRIDES",
-            service_names(),
-        )
+        for owner, name, value in interpreter_patches() + backend_patches():
+            monkeypatch.setattr(owner, name, value)
+        fast_clock(monkeypatch)
+        parse_once(monkeypatch)
 
         create_training = SageMakerModelBackend.create_training_job
         describe_training = SageMakerModelBackend.describe_training_job
@@ -206,6 +212,53 @@ class SimulatedSageMaker:
         return self._seen[key] >= self.polls
 
 
+def aws_env(monkeypatch) -> None:
+    """The region and stand-in credentials every client in these tests uses."""
+    for k, v in {
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }.items():
+        monkeypatch.setenv(k, v)
+
+
+def fast_clock(monkeypatch) -> None:
+    """Wait states, retry back-offs and .sync polls return at once; the definition's own counts
+    (settle bound, poll limits) still run their course."""
+    import types
+
+    from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
+        state_task_service_callback,
+    )
+    from moto.stepfunctions.parser.asl.component.state.wait.wait_function.wait_function import (
+        WaitFunction,
+    )
+
+    monkeypatch.setattr(retrier_decl, "time", types.SimpleNamespace(sleep=lambda s: None))
+    monkeypatch.setattr(WaitFunction, "_wait_interval", lambda self, env, wait_seconds: None)
+    monkeypatch.setattr(state_task_service_callback, "_DELAY_SECONDS_SYNC_CONDITION_CHECK", 0.01)
+
+
+_PARSED: dict[str, tuple] = {}
+
+
+def parse_once(monkeypatch) -> None:
+    """moto's interpreter parses a definition at creation and again at each execution (~1 s of
+    ANTLR each for this one); runs of the same text share one parse. The parsed program holds no
+    execution state: each execution gets its own environment."""
+    from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+
+    parse = AmazonStateLanguageParser.parse
+
+    def cached(definition: str):
+        if definition not in _PARSED:
+            _PARSED[definition] = parse(definition)
+        return _PARSED[definition]
+
+    monkeypatch.setattr(AmazonStateLanguageParser, "parse", staticmethod(cached))
+
+
 def create_world(sns_queue: bool = True) -> dict:
     """The resources the template would create that the state machine touches."""
     s3 = boto3.client("s3", region_name=REGION)
@@ -230,6 +283,29 @@ def create_world(sns_queue: bool = True) -> dict:
     return world
 
 
+def install_champion() -> None:
+    """A champion serving on the endpoint, as a previous promotion leaves it."""
+    sm = boto3.client("sagemaker", region_name=REGION)
+    sm.create_model(
+        ModelName=CHAMPION,
+        ExecutionRoleArn=ROLE,
+        PrimaryContainer={"Image": "img", "ModelDataUrl": CHAMPION_DATA},
+    )
+    variant = {
+        "VariantName": "AllTraffic",
+        "ModelName": CHAMPION,
+        "InstanceType": "ml.g4dn.xlarge",
+        "InitialInstanceCount": 1,
+    }
+    sm.create_endpoint_config(EndpointConfigName=CHAMPION, ProductionVariants=[variant])
+    sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName=CHAMPION)
+    sm.describe_endpoint(EndpointName=ENDPOINT)  # the simulated creation completes
+    sm.describe_endpoint(EndpointName=ENDPOINT)
+    boto3.client("ssm", region_name=REGION).put_parameter(
+        Name=PARAM, Value=CHAMPION, Type="String", Overwrite=True
+    )
+
+
 def create_state_machine(world: dict, name: str = f"sluice-{STAGE}-retrain", **overrides) -> str:
     subs = substitutions(NotificationTopicArn=world["topic"], **overrides)
     return boto3.client("stepfunctions", region_name=REGION).create_state_machine(
@@ -248,7 +324,7 @@ def run(arn: str, name: str, doc: dict, timeout_s: float = 60) -> dict:
         d = sfn.describe_execution(executionArn=ex)
         if d["status"] != "RUNNING":
             return d
-        time.sleep(0.1)
+        time.sleep(0.02)
     raise AssertionError(f"execution {name} still running after {timeout_s} s")
 
 

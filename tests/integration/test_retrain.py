@@ -17,18 +17,13 @@ from tests import retrain_harness as h
 # every request checked against AWS's own rules (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("strict_aws")
 
-CHAMPION = "sluice-test-champion"
-CHAMPION_DATA = f"s3://{h.BUCKET}/models/{CHAMPION}/output/model.tar.gz"
+CHAMPION = h.CHAMPION
+CHAMPION_DATA = h.CHAMPION_DATA
 
 
 @pytest.fixture
 def world(monkeypatch):
-    for k, v in {
-        "AWS_DEFAULT_REGION": h.REGION,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-    }.items():
-        monkeypatch.setenv(k, v)
+    h.aws_env(monkeypatch)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
         sim = h.SimulatedSageMaker()
         sim.install(monkeypatch)
@@ -55,37 +50,11 @@ def packages() -> list[dict]:
     return [sm().describe_model_package(ModelPackageName=p["ModelPackageArn"]) for p in listed]
 
 
-def install_champion(world) -> None:
-    """A champion serving on the endpoint, as a previous promotion leaves it."""
-    sm().create_model(
-        ModelName=CHAMPION,
-        ExecutionRoleArn=h.ROLE,
-        PrimaryContainer={"Image": "img", "ModelDataUrl": CHAMPION_DATA},
-    )
-    sm().create_endpoint_config(
-        EndpointConfigName=CHAMPION,
-        ProductionVariants=[
-            {
-                "VariantName": "AllTraffic",
-                "ModelName": CHAMPION,
-                "InstanceType": "ml.g4dn.xlarge",
-                "InitialInstanceCount": 1,
-            }
-        ],
-    )
-    sm().create_endpoint(EndpointName=h.ENDPOINT, EndpointConfigName=CHAMPION)
-    sm().describe_endpoint(EndpointName=h.ENDPOINT)  # the simulated creation completes
-    sm().describe_endpoint(EndpointName=h.ENDPOINT)
-    boto3.client("ssm", region_name=h.REGION).put_parameter(
-        Name=h.PARAM, Value=CHAMPION, Type="String", Overwrite=True
-    )
-
-
 def training_request(execution_arn: str) -> dict:
     sfn = boto3.client("stepfunctions", region_name=h.REGION)
     for e in sfn.get_execution_history(executionArn=execution_arn, maxResults=1000)["events"]:
         d = e.get("taskScheduledEventDetails")
-        if d and d["resource"] == "createTrainingJob":
+        if d and d["resource"].startswith("createTrainingJob"):
             return json.loads(d["parameters"])
     raise AssertionError("no CreateTrainingJob call")
 
@@ -107,15 +76,16 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
     assert out["outcome"] == "promoted" and out["decision"]["decision"] == "promote"
     assert "first model" in out["decision"]["why"]
     assert current_model() == job
-    assert h.calls(d["executionArn"]) == [
-        "ssm:getParameter",
-        "sagemaker:createTrainingJob",
-        "sagemaker:describeTrainingJob",
-        "sagemaker:describeTrainingJob",
-        "sagemaker:createModelPackage",
-        # deployment and edge branches interleave; check each below
-        *h.calls(d["executionArn"])[5:],
-    ]
+    assert (
+        h.calls(d["executionArn"])
+        == [
+            "ssm:getParameter",
+            "sagemaker:createTrainingJob.sync",  # Step Functions waits for the job itself
+            "sagemaker:createModelPackage",
+            # deployment and edge branches interleave; check each below
+            *h.calls(d["executionArn"])[3:],
+        ]
+    )
     made = h.calls(d["executionArn"])
     deploy = [
         c
@@ -138,8 +108,8 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
         "sagemaker:createEndpointConfig",
         "sagemaker:describeEndpoint",  # none yet -> create
         "sagemaker:createEndpoint",
-        "sagemaker:describeEndpoint",
-        "sagemaker:describeEndpoint",
+        "sagemaker:describeEndpoint",  # Creating
+        "sagemaker:describeEndpoint",  # InService, serving the new config
         "ssm:putParameter",
         "sagemaker:updateModelPackage",
         "applicationautoscaling:registerScalableTarget",
@@ -166,7 +136,8 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
     assert config["DataCaptureConfig"]["DestinationS3Uri"] == f"s3://{h.BUCKET}/capture/endpoint/"
     assert out["edge"]["status"] == "COMPLETED"
     # the drift baseline for the new champion, from its training data and its own tokenizer
-    assert out["endpoint"]["baseline"] == {"job": job, "status": "started"}
+    assert out["endpoint"]["baseline"] == {"job": job, "status": "Completed"}
+    assert "sagemaker:createProcessingJob.sync" in made
     baseline = sm().describe_processing_job(ProcessingJobName=job)
     assert baseline["AppSpecification"]["ContainerEntrypoint"][:3] == [
         "sluice",
@@ -180,7 +151,7 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
 
 
 def test_challenger_that_beats_the_champion_is_swapped_in_blue_green(world):
-    install_champion(world)
+    h.install_champion()
     world["sim"].metrics = {
         "gate_challenger": 30.0,
         "gate_baseline": 40.0,
@@ -227,7 +198,7 @@ def test_challenger_that_beats_the_champion_is_swapped_in_blue_green(world):
 
 
 def test_challenger_that_does_not_beat_the_margin_is_recorded_and_rejected(world):
-    install_champion(world)
+    h.install_champion()
     world["sim"].metrics = {
         "gate_challenger": 39.9,
         "gate_baseline": 40.0,
@@ -256,7 +227,7 @@ def test_first_model_outside_the_sanity_bound_is_rejected(world):
 
 
 def test_training_failure_is_reported_and_changes_nothing(world):
-    install_champion(world)
+    h.install_champion()
     world["sim"].training = "Failed"
     d = h.run(world["arn"], "oom", {"reason": "drift", "violations": [{"feature_name": "tokens"}]})
     assert d["status"] == "FAILED"
@@ -276,7 +247,7 @@ def test_missing_gate_metrics_fail_loudly(world):
 
 
 def test_rollback_leaves_batch_on_the_champion(world):
-    install_champion(world)
+    h.install_champion()
     world["sim"].metrics = {
         "gate_challenger": 30.0,
         "gate_baseline": 40.0,
@@ -285,7 +256,7 @@ def test_rollback_leaves_batch_on_the_champion(world):
     world["sim"].deployment = "RolledBack"
     d = h.run(world["arn"], "rollback", {})
     assert d["status"] == "FAILED" and d["error"] == "EndpointRolledBack", d
-    assert "still serves sluice-test-champion" in d["cause"]
+    assert f"serves {CHAMPION}, not" in d["cause"]
     assert current_model() == CHAMPION
     [pkg] = packages()
     assert pkg["ModelApprovalStatus"] == "Rejected"
@@ -305,11 +276,17 @@ def test_neo_failure_does_not_block_promotion(world):
 
 def test_training_that_never_finishes_is_stopped_and_reported(world):
     world["sim"].training = "InProgress"
-    d = h.run(world["arn"], "slow", {})
-    assert d["status"] == "FAILED" and d["error"] == "TrainingTimedOut"
+    arn = h.create_state_machine(world, name="sluice-test-retrain-slow", TrainingTimeoutSeconds=2)
+    d = h.run(arn, "slow", {})
+    assert d["status"] == "FAILED" and d["error"] == "TrainingTimedOut", h.explain(d)
+    assert "ran past 2 s" in d["cause"]
     made = h.calls(d["executionArn"])
-    assert made.count("sagemaker:describeTrainingJob") == 6
-    assert "sagemaker:stopTrainingJob" in made
+    assert made == [
+        "ssm:getParameter",
+        "sagemaker:createTrainingJob.sync",
+        "sagemaker:stopTrainingJob",  # it would bill on otherwise
+        "sns:publish",
+    ]
     assert current_model() == "none"
 
 

@@ -77,6 +77,32 @@ def test_every_substitution_the_definition_uses_is_defined():
 
     from tests.retrain_harness import REPO
 
-    used = set(re.findall(r"\$\{(\w+)\}", (REPO / "statemachine/retrain.asl.json").read_text()))
+    used = set(re.findall(r"\$\{(\w+)\}", (REPO / "statemachine/retrain.asl.yaml").read_text()))
     defined = set(R["RetrainStateMachine"]["Properties"]["DefinitionSubstitutions"])
     assert used == defined
+
+
+def test_the_definition_reads_as_written_and_each_service_has_one_retry_policy():
+    """Valid YAML before substitution (editors, linters); every Retry is one of the policies the
+    file's header lists, and each names only its own service's errors (or States.*)."""
+    import json
+
+    import yaml
+
+    from tests.retrain_harness import DEFINITION
+
+    doc = yaml.safe_load(DEFINITION.read_text())
+    policies: set[str] = set()
+
+    def walk(states: dict) -> None:
+        for name, state in states.items():
+            for retry in state.get("Retry", []):
+                policies.add(json.dumps(retry, sort_keys=True))
+                services = {e.split(".")[0] for e in retry["ErrorEquals"]} - {"States"}
+                assert len(services) <= 1, (name, retry)
+            for branch in state.get("Branches", []):
+                walk(branch["States"])
+
+    walk(doc["States"])
+    # sagemaker-sdk (+ -read), sagemaker (optimized), ssm (+ -read), autoscaling, sns
+    assert len(policies) == 7, sorted(policies)
