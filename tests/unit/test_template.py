@@ -106,3 +106,37 @@ def test_the_definition_reads_as_written_and_each_service_has_one_retry_policy()
     walk(doc["States"])
     # sagemaker-sdk (+ -read), sagemaker (optimized), ssm (+ -read), autoscaling, sns
     assert len(policies) == 7, sorted(policies)
+
+
+def test_the_state_machine_role_grants_every_call_the_definition_makes():
+    """Each Task's action (and .sync's describe, stop and managed rules) is in RetrainRole."""
+    import yaml
+
+    from tests.retrain_harness import DEFINITION
+
+    iam_prefix = {"applicationautoscaling": "application-autoscaling"}
+    granted: set[str] = set()
+    for st in R["RetrainRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]:
+        if isinstance(st, dict) and st.get("Effect") == "Allow":
+            actions = st["Action"]
+            granted |= {a.lower() for a in ([actions] if isinstance(actions, str) else actions)}
+    needed: set[str] = set()
+
+    def walk(states: dict) -> None:
+        for state in states.values():
+            resource = state.get("Resource", "")
+            if resource.startswith("arn:aws:states:::"):
+                parts = resource.removeprefix("arn:aws:states:::").removeprefix("aws-sdk:")
+                service, action = parts.split(":")[:2]
+                action, _, pattern = action.partition(".")
+                prefix = iam_prefix.get(service, service)
+                needed.add(f"{prefix}:{action}".lower())
+                if pattern == "sync":  # Step Functions describes and stops the job itself
+                    job = action.removeprefix("create")
+                    needed.update({f"{prefix}:describe{job}", f"{prefix}:stop{job}"})
+                    needed.update({"events:putrule", "events:puttargets", "events:describerule"})
+            for branch in state.get("Branches", []):
+                walk(branch["States"])
+
+    walk(yaml.safe_load(DEFINITION.read_text())["States"])
+    assert {n.lower() for n in needed} - granted == set()
