@@ -103,7 +103,7 @@ class LocalStack:
         )
         from werkzeug.serving import make_server
 
-        from . import moto_fixes, persist, validation
+        from . import moto_fixes, persist, processes, validation
         from .gateway import Gateway
         from .sagemaker import jobs
         from .sagemaker.api import LocalSageMaker
@@ -117,6 +117,10 @@ class LocalStack:
         # wrong in an execution is in its history (and the event log), not there
         logging.getLogger("moto").setLevel(logging.CRITICAL)
         self.say = EventLog(self.dir / "logs" / "events.log", self.out)
+        # containers a previous stack left running when it died (kill -9): killed before anything
+        killed = processes.use(self.dir / "processes.json")
+        if killed:
+            self.say("stack", f"reaped {len(killed)} process(es) a previous stack left running")
         # as strict as AWS: every request this process sends (the functions, the state
         # machine's tasks, the deployer) is checked against the service's own rules first
         self._strict = validation.strict_clients(

@@ -32,6 +32,8 @@ from sluice.errors import SluiceError
 from sluice.records import split_lines
 from sluice.s3uri import is_s3, split_s3
 
+from . import processes
+
 log = logging.getLogger("sluice_local.transform")
 
 
@@ -240,17 +242,10 @@ class ServeProcess:
         base = os.environ if base_env is None else base_env
         full_env = {**base, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env}
         log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sluice.cli",
-                "serve",
-                "--model-dir",
-                str(model_dir),
-                "--host",
-                "127.0.0.1",
-            ],
+        # killed with whoever started it (the stack, or a transform driver), even by kill -9
+        cmd = [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir)]
+        self.proc = processes.popen(
+            [*cmd, "--host", "127.0.0.1"],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT if log else None,
@@ -307,6 +302,7 @@ class ServeProcess:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        processes.untrack(self.proc.pid)
 
 
 def run_transform(

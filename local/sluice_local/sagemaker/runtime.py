@@ -23,6 +23,7 @@ from pathlib import Path
 from sluice import s3uri
 from sluice.errors import SluiceError
 
+from .. import processes
 from .shapes import ApiError
 
 
@@ -151,7 +152,8 @@ class Container:
     ):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
-        self.proc = subprocess.Popen(
+        # its own group (stopped as a whole), killed with the stack, recorded for a restart
+        self.proc = processes.popen(
             cmd,
             env=env,
             cwd=cwd,
@@ -159,7 +161,6 @@ class Container:
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
-            start_new_session=True,
         )
         self.stopped = False
         self._reader = threading.Thread(target=self._read, args=(on_line,), daemon=True)
@@ -172,6 +173,8 @@ class Container:
                 f.flush()
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
+        self.proc.wait()
+        processes.untrack(self.proc.pid)
 
     def wait(self, timeout_s: float | None = None) -> int:
         """Exit code; past `timeout_s` the container is stopped (and -1 returned)."""
