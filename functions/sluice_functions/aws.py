@@ -57,6 +57,16 @@ def sagemaker_resource_exists(describe: str, **name: str) -> bool:
         raise
 
 
+def sagemaker_job_status(describe: str, field: str, **name: str) -> str | None:
+    """A SageMaker job's status (`field` of its description), or None if no job has that name."""
+    try:
+        return getattr(client("sagemaker"), describe)(**name)[field]
+    except ClientError as e:
+        if error_code(e) in ("ValidationException", "ResourceNotFound"):
+            return None
+        raise
+
+
 def already_exists(e: ClientError) -> bool:
     """SageMaker's answer to a job name in use (a duplicate batch)."""
     msg = e.response.get("Error", {}).get("Message", "")

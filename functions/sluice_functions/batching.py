@@ -246,9 +246,13 @@ def plan_jobs(
     return jobs
 
 
-def job_name(stage: str, uploads: list[Upload]) -> str:
-    """Deterministic from the content: the same uploads always give the same name."""
-    digest = hashlib.sha256("\n".join(sorted(u.identity for u in uploads)).encode()).hexdigest()
+def job_name(stage: str, uploads: list[Upload], attempt: int = 0) -> str:
+    """Deterministic from the content: the same uploads always give the same name. A later
+    attempt (the batch's job failed; SageMaker never reuses a job name) gets its own."""
+    text = "\n".join(sorted(u.identity for u in uploads))
+    if attempt:
+        text += f"\nattempt {attempt}"
+    digest = hashlib.sha256(text.encode()).hexdigest()
     prefix = f"sluice-{stage}-"
     name = prefix + digest[: JOB_NAME_MAX - len(prefix)]
     assert JOB_NAME_RE.match(name), name

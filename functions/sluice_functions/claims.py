@@ -3,14 +3,15 @@
 The content-derived job name makes an identical redelivered batch a no-op. Claims cover the rest:
 S3 delivering one event twice into two different batches, or a crash after CreateTransformJob whose
 messages come back grouped differently. A claim names the job; an upload whose claim names a job
-that exists is a duplicate and is dropped. A claim whose job does not exist is either in flight in
+that exists (and has not failed) is a duplicate and is dropped. A claim whose job failed is handed
+back: the upload goes into a new job. A claim whose job does not exist is either in flight in
 another invocation (young: retry later) or left by a crash (older than STALE_S: taken over).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
@@ -26,6 +27,7 @@ class Sorted:
     fresh: list[Upload]  # no claim: go into a new job
     duplicates: list[tuple[Upload, str]]  # claimed by a job that exists
     in_flight: list[Upload]  # claimed by a job being created elsewhere: retry later
+    failed: list[tuple[Upload, str]] = field(default_factory=list)  # its job failed: run again
 
 
 def _get(table: str, uploads: list[Upload]) -> dict[str, dict]:
@@ -45,21 +47,24 @@ def _get(table: str, uploads: list[Upload]) -> dict[str, dict]:
     return found
 
 
-def sort_uploads(table: str, uploads: list[Upload], job_exists, now: float | None = None) -> Sorted:
-    """Split uploads by what their claims say (see the module docstring)."""
+def sort_uploads(table: str, uploads: list[Upload], job_status, now: float | None = None) -> Sorted:
+    """Split uploads by what their claims say (see the module docstring); `job_status(name)` is
+    the job's status, None if there is none."""
     now = time.time() if now is None else now
     claims = _get(table, uploads)
     out = Sorted([], [], [])
-    exists: dict[str, bool] = {}
+    status: dict[str, str | None] = {}
     for u in uploads:
         claim = claims.get(u.identity)
         if claim is None:
             out.fresh.append(u)
             continue
         job = claim["job"]
-        if job not in exists:
-            exists[job] = job_exists(job)
-        if exists[job]:
+        if job not in status:
+            status[job] = job_status(job)
+        if status[job] == "Failed":
+            out.failed.append((u, job))
+        elif status[job] is not None:
             out.duplicates.append((u, job))
         elif now - claim["claimed"] > STALE_S:
             out.fresh.append(u)  # its claimant crashed before creating the job

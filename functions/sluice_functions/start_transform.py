@@ -1,9 +1,13 @@
 """start_transform: an SQS batch of S3 upload events -> SageMaker Batch Transform job(s).
 
 The whole batch is coalesced into one job over a manifest (split only where the per-job limits
-require), named from its content so a redelivered batch finds its job already there. Throttling
-and transient errors report those messages as batch item failures (retried, then the DLQ);
-messages that are not S3 events are logged, counted and acknowledged.
+require), named from its content so a redelivered batch finds its job already there. A batch
+whose job *failed* is not swallowed when its messages come back (a crash before they were
+deleted, or an operator's redrive from the DLQ after fixing the cause): it runs again under the
+next attempt's name (SageMaker never reuses a job name), at most MAX_ATTEMPTS times, then its
+messages go back to the queue and on to the DLQ. Throttling and transient errors report those
+messages as batch item failures (retried, then the DLQ); messages that are not S3 events are
+logged, counted and acknowledged.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from .aws import (
     client,
     current_model,
     error_code,
-    sagemaker_resource_exists,
+    sagemaker_job_status,
 )
 from .batching import (
     Parsed,
@@ -61,16 +65,33 @@ def model_or_raise() -> str:
     return name
 
 
+MAX_ATTEMPTS = 3  # jobs one batch may run as, the first and two after failures
+
+
 class Contended(Exception):
     """Another invocation claimed some of these uploads first: retry them later."""
 
 
+class AttemptsExhausted(Exception):
+    """Every attempt's job for this batch failed: the messages go on to the DLQ."""
+
+
 def start_job(settings: Settings, model: str, group: list[Upload], table: str | None) -> str:
     """Claim the uploads, write the manifest, create the job; 'started' or 'duplicate'."""
-    name = job_name(settings.stage, group)
-    if job_exists(name):
-        logger.info("job already exists: a redelivered batch", extra={"job": name})
-        return "duplicate"
+    for attempt in range(MAX_ATTEMPTS):
+        name = job_name(settings.stage, group, attempt)
+        status = job_status(name)
+        if status is None:
+            break
+        if status != "Failed":
+            logger.info("job already exists: a redelivered batch", extra={"job": name})
+            return "duplicate"
+        logger.warning(
+            "this batch's job failed: running it again under a new name",
+            extra={"failed_job": name, "attempt": attempt + 2},
+        )
+    else:
+        raise AttemptsExhausted(name)
     if table and claims.claim(table, group, name):
         claims.release(table, group, name)
         raise Contended(name)
@@ -105,8 +126,10 @@ def _create(settings: Settings, model: str, group: list[Upload], name: str) -> N
     logger.info("transform job started", extra={"job": name, "files": len(group)})
 
 
-def job_exists(name: str) -> bool:
-    return sagemaker_resource_exists("describe_transform_job", TransformJobName=name)
+def job_status(name: str) -> str | None:
+    return sagemaker_job_status(
+        "describe_transform_job", "TransformJobStatus", TransformJobName=name
+    )
 
 
 def report_no_model(settings: Settings, uploads: list[Upload], reason: str) -> None:
@@ -153,12 +176,17 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
     table = os.environ.get("CLAIMS_TABLE")
     failed: set[str] = set()
     if table and uploads:
-        seen = claims.sort_uploads(table, uploads, job_exists)
+        seen = claims.sort_uploads(table, uploads, job_status)
         for u, job in seen.duplicates:
             logger.info("duplicate upload: already in a job", extra={"key": u.key, "job": job})
         metrics.add_metric("DuplicateUploads", MetricUnit.Count, len(seen.duplicates))
+        for u, job in seen.failed:  # its job failed: hand the claim back, run it again
+            logger.warning(
+                "upload of a failed job delivered again", extra={"key": u.key, "job": job}
+            )
+            claims.release(table, [u], job)
         failed |= {u.message_id for u in seen.in_flight}
-        uploads = seen.fresh
+        uploads = seen.fresh + [u for u, _ in seen.failed]
         stale = claims.keep_latest(table, uploads)
         older += stale
         superseded = {u for u, _, _ in stale}
@@ -210,6 +238,13 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
             failed |= {u.message_id for u in group}
         except Contended as e:
             logger.warning("uploads claimed by another invocation; retrying", extra={"job": str(e)})
+            failed |= {u.message_id for u in group}
+        except AttemptsExhausted as e:
+            logger.error(
+                f"this batch failed as {MAX_ATTEMPTS} jobs; its messages go on to the DLQ",
+                extra={"last_job": str(e), "keys": [u.key for u in group]},
+            )
+            metrics.add_metric("BatchesGivenUp", MetricUnit.Count, 1)
             failed |= {u.message_id for u in group}
     return failures(failed)
 

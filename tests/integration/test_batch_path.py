@@ -174,6 +174,37 @@ def test_a_redelivered_batch_starts_nothing_twice(aws, capfd, monkeypatch, claim
     assert metric in capfd.readouterr().out
 
 
+@pytest.mark.parametrize("claims", [True, False], ids=["claims", "job-name-only"])
+def test_a_batch_whose_job_failed_runs_again_when_delivered_again(aws, monkeypatch, caplog, claims):
+    """Never swallowed: each redelivery after a failure is a new job (SageMaker never reuses a
+    name), up to three; then the messages are not acknowledged, so they go on to the DLQ."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    if not claims:
+        monkeypatch.delenv("CLAIMS_TABLE")
+    upload(aws, "incoming/x.jsonl")
+    event = sqs_event(aws)
+    assert start(event) == {"batchItemFailures": []}
+    backend = sagemaker_backends[ACCOUNT][REGION]
+    failed: list[str] = []
+    for attempt in range(1, 4):
+        [job] = [j for j in jobs(aws) if j["TransformJobName"] not in failed]
+        assert manifest_keys(aws, job) == [f"s3://{BUCKET}/incoming/x.jsonl"]
+        backend.transform_jobs[job["TransformJobName"]].transform_job_status = "Failed"
+        failed.append(job["TransformJobName"])
+        result = start(event)  # the same messages again (a crash, or a redrive)
+        if attempt < 3:
+            assert result == {"batchItemFailures": []}
+            assert len(jobs(aws)) == attempt + 1
+    [x] = [r["messageId"] for r in event["Records"] if "x.jsonl" in r["body"]]
+    assert result == {"batchItemFailures": [{"itemIdentifier": x}]}
+    assert len(jobs(aws)) == 3 and len(set(failed)) == 3
+    assert "its messages go on to the DLQ" in caplog.text
+    # a completed attempt is what the batch is: delivered again, nothing starts
+    backend.transform_jobs[failed[-1]].transform_job_status = "Completed"
+    assert start(event) == {"batchItemFailures": []} and len(jobs(aws)) == 3
+
+
 def manifest_keys(aws, job: dict) -> list[str]:
     uri = job["TransformInput"]["DataSource"]["S3DataSource"]["S3Uri"]
     doc = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=uri.split("/", 3)[3])["Body"].read())
