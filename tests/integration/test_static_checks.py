@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKS = REPO / "scripts" / "static_checks.py"
@@ -33,7 +34,7 @@ Resources:
   Machine:
     Type: AWS::Serverless::StateMachine
     Properties:
-      DefinitionUri: statemachine/flow.asl.json
+      DefinitionUri: statemachine/flow.asl.yaml
       Role: !GetAtt Role.Arn
       DefinitionSubstitutions:
         TopicArn: !Ref AWS::NoValue
@@ -58,9 +59,11 @@ def asl(next_state: str = "Done", extra: str = "") -> dict:
 
 
 def project(tmp_path: Path, definition: dict, template: str = TEMPLATE) -> Path:
+    """The definition as YAML, `${PollSeconds}` bare (a number once substituted)."""
     (tmp_path / "statemachine").mkdir()
-    text = json.dumps(definition, indent=2).replace('"${PollSeconds}"', "${PollSeconds}")
-    (tmp_path / "statemachine" / "flow.asl.json").write_text(text)
+    text = yaml.safe_dump(definition, sort_keys=False).replace("'${PollSeconds}'", "${PollSeconds}")
+    assert "Seconds: ${PollSeconds}" in text
+    (tmp_path / "statemachine" / "flow.asl.yaml").write_text(text)
     (tmp_path / "template.yaml").write_text(template)
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
@@ -78,13 +81,24 @@ def checks(root: Path, only: str) -> subprocess.CompletedProcess:
 def test_valid_definition_with_substitutions_passes(tmp_path):
     proc = checks(project(tmp_path, asl()), "asl,cfn-lint")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "statemachine/flow.asl.json: ok" in proc.stdout
+    assert "statemachine/flow.asl.yaml: ok" in proc.stdout
+
+
+def test_a_definition_that_is_not_json_or_yaml_until_substituted_fails(tmp_path):
+    """Editors, linters and jq read the file as written: bare substitutions only where YAML
+    allows them (a JSON file with `"Seconds": ${PollSeconds}` is neither)."""
+    root = project(tmp_path, asl())
+    text = json.dumps(asl(), indent=2).replace('"${PollSeconds}"', "${PollSeconds}")
+    (root / "statemachine" / "flow.asl.yaml").write_text(text)
+    proc = checks(root, "asl")
+    assert proc.returncode == 1
+    assert "not valid YAML/JSON before substitution" in proc.stdout
 
 
 def test_dangling_next_fails(tmp_path):
     proc = checks(project(tmp_path, asl(next_state="Nowhere")), "asl")
     assert proc.returncode == 1
-    assert "statemachine/flow.asl.json: FAILED" in proc.stdout
+    assert "statemachine/flow.asl.yaml: FAILED" in proc.stdout
     assert "Nowhere" in proc.stdout
 
 
