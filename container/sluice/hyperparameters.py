@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any, get_type_hints
 
@@ -175,8 +176,11 @@ def parse_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
             raise SluiceError(f"hyperparameter {name} must be positive, got {getattr(cfg, name)}")
     if not 0.0 <= cfg.validation_fraction < 1.0:
         raise SluiceError("hyperparameter validation_fraction must be in [0, 1)")
-    if cfg.learning_rate <= 0:
-        raise SluiceError("hyperparameter learning_rate must be positive")
+    if not math.isfinite(cfg.learning_rate) or cfg.learning_rate <= 0:
+        lr = cfg.learning_rate
+        raise SluiceError(
+            f"hyperparameter learning_rate must be a positive finite number, not {lr}"
+        )
     if cfg.max_steps <= 0 and cfg.epochs <= 0:
         raise SluiceError("set max_steps or epochs to a positive value")
     return cfg

@@ -7,6 +7,7 @@ uses METRIC_DEFINITIONS verbatim (a test checks they agree).
 
 from __future__ import annotations
 
+import json
 import math
 
 NUMBER = r"([-+]?(?:[0-9]*\.)?[0-9]+(?:[eE][-+]?[0-9]+)?)"
@@ -28,6 +29,23 @@ METRICS = (
     "gate_improvement",
 )
 METRIC_DEFINITIONS = [{"Name": name, "Regex": rf"\b{name}={NUMBER}"} for name in METRICS]
+
+
+def finite_or_none(value):
+    """`value` with every non-finite float (NaN, inf) replaced by None, recursively: JSON has no
+    NaN, and a reader that meets a bare `NaN` token fails or guesses."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def strict_json(value, **kwargs) -> str:
+    """JSON that any parser reads: non-finite numbers become null."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
 
 
 def metric_line(**values: float) -> str:

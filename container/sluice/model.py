@@ -154,7 +154,9 @@ def read_sluice_json(model_dir: Path) -> dict:
 
 
 def write_sluice_json(model_dir: Path, info: dict) -> None:
-    (Path(model_dir) / SLUICE_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    from .metrics import strict_json
+
+    (Path(model_dir) / SLUICE_JSON).write_text(strict_json(info, indent=2, sort_keys=True) + "\n")
 
 
 def parameter_count(model: torch.nn.Module) -> int:

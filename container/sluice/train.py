@@ -29,7 +29,7 @@ from .distributed import Ranks
 from .errors import SluiceError
 from .evaluate import evaluate_model, evaluation_report
 from .hyperparameters import TrainConfig
-from .metrics import metric_line
+from .metrics import metric_line, strict_json
 from .model import (
     build_scratch_model,
     ensure_pad_token,
@@ -293,6 +293,12 @@ def run_training(
         scheduler.step()
         step += 1
         step_loss = ranks.mean(step_loss)
+        if not math.isfinite(step_loss):  # every rank sees the same mean: all stop together
+            raise SluiceError(
+                f"training diverged: the loss was {step_loss} at step {step} "
+                f"(learning_rate {cfg.learning_rate:g}); nothing was published. Lower "
+                "learning_rate (or raise warmup_steps), or check the data"
+            )
         interval_loss += step_loss
         interval_n += 1
         if bar is not None:
@@ -373,6 +379,10 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
         champion.to(device)
         baseline = evaluate_model(champion, champ_tok, records)
         del champion
+    if not math.isfinite(challenger["loss"]):
+        raise SluiceError(
+            f"the trained model's held-out loss is {challenger['loss']}: not published"
+        )
     report = evaluation_report(
         challenger, baseline, stats["train"]["fingerprint"], mode=mode, base_model=source
     )
@@ -395,7 +405,7 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
-    (staging / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (staging / "evaluation.json").write_text(strict_json(report, indent=2) + "\n")
     info = {
         "sluice_version": __version__,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -418,7 +428,7 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
         plot_loss_curve(history, staging / "loss_curve.png")
     publish(staging, opt.model_dir)
     opt.output_data_dir.mkdir(parents=True, exist_ok=True)
-    (opt.output_data_dir / "evaluation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (opt.output_data_dir / "evaluation.json").write_text(strict_json(report, indent=2) + "\n")
     log.info("model written to %s", opt.model_dir)
     if cfg.artifacts_s3_uri:
         publish_artifacts(

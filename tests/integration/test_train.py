@@ -309,6 +309,16 @@ def test_opt_ml_contract_end_to_end(tmp_path):
             {"train/t.txt": "a\nb\n"},
             "hyperparameter learning_rate='fast' is not a number",
         ),
+        (
+            hp(learning_rate="nan"),
+            {"train/t.txt": "a\nb\n"},
+            "learning_rate must be a positive finite number, not nan",
+        ),
+        (
+            hp(learning_rate="1000", max_steps="8", grad_clip="0"),
+            {"train/t.txt": "".join(f"the cat {i} eats fish at noon.\n" for i in range(200))},
+            "training diverged: the loss was",
+        ),
         (hp(), {"train/t.csv": "id,body\n1,hello\n"}, "no column 'text' in header"),
         (hp(), {"train/t.txt": "\n \n"}, "has no usable records"),
         (hp(), {"train/t.txt": b"ok\n\xff\xfe broken\n"}, "are not UTF-8"),
@@ -330,7 +340,15 @@ def test_opt_ml_contract_end_to_end(tmp_path):
             "is not a causal (decoder-only) language model",
         ),
     ],
-    ids=["bad-hyperparameter", "csv-without-column", "empty-channel", "undecodable", "encoder"],
+    ids=[
+        "bad-hyperparameter",
+        "nan-learning-rate",
+        "diverges",
+        "csv-without-column",
+        "empty-channel",
+        "undecodable",
+        "encoder",
+    ],
 )
 def test_bad_input_fails_fast_with_one_line_and_no_model(tmp_path, hyperparameters, files, reason):
     root = opt_ml_tree(tmp_path / "opt_ml", hyperparameters, files)

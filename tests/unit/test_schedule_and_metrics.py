@@ -40,3 +40,15 @@ def test_every_metric_definition_reads_the_printed_line():
         is None
     )
     assert "nan" in metric_line(train_loss=math.nan)
+
+
+def test_evaluation_json_is_strict_json_whatever_the_figures():
+    """JSON has no NaN or Infinity: they are written as null, never as bare tokens."""
+    import json
+    import math
+
+    from sluice.metrics import strict_json
+
+    text = strict_json({"loss": math.nan, "ppl": [1.5, math.inf], "n": 3, "ok": True})
+    assert text == '{"loss": null, "ppl": [1.5, null], "n": 3, "ok": true}'
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard token {c}"))
