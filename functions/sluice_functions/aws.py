@@ -46,24 +46,14 @@ def error_code(e: ClientError) -> str:
     return e.response.get("Error", {}).get("Code", "")
 
 
-def sagemaker_resource_exists(describe: str, **name: str) -> bool:
-    """Whether a SageMaker job of that name exists (`describe` e.g. "describe_transform_job")."""
-    try:
-        getattr(client("sagemaker"), describe)(**name)
-        return True
-    except ClientError as e:
-        if error_code(e) in ("ValidationException", "ResourceNotFound"):
-            return False  # SageMaker's answer for an unknown name
-        raise
-
-
 def sagemaker_job_status(describe: str, field: str, **name: str) -> str | None:
-    """A SageMaker job's status (`field` of its description), or None if no job has that name."""
+    """A SageMaker job's status (`field` of its description, e.g. `describe_transform_job`'s
+    "TransformJobStatus"), or None if no job has that name."""
     try:
         return getattr(client("sagemaker"), describe)(**name)[field]
     except ClientError as e:
         if error_code(e) in ("ValidationException", "ResourceNotFound"):
-            return None
+            return None  # SageMaker's answer for an unknown name
         raise
 
 

@@ -20,7 +20,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
-from .aws import already_exists, client, current_model, error_code, sagemaker_resource_exists
+from .aws import already_exists, client, current_model, error_code, sagemaker_job_status
 from .monitoring import (
     MonitorSettings,
     baseline_prefix,
@@ -73,7 +73,9 @@ def capture_keys(s: MonitorSettings, start: datetime, end: datetime) -> list[str
 
 def start_processing(s: MonitorSettings, model: str, start: datetime, end: datetime) -> dict:
     name = job_name(s.stage, start)
-    if sagemaker_resource_exists("describe_processing_job", ProcessingJobName=name):
+    if sagemaker_job_status(
+        "describe_processing_job", "ProcessingJobStatus", ProcessingJobName=name
+    ):
         logger.info("monitor job for this window already exists", extra={"job": name})
         return {"outcome": "duplicate", "job": name}
     keys = capture_keys(s, start, end)
