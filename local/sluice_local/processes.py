@@ -1,19 +1,21 @@
 """Child processes that never outlive the local stack.
 
 Each container process (a job's `sluice ...`, an endpoint's server, a transform driver) starts in
-its own process group with a parent-death signal: when the process that started it dies, even by
-`kill -9`, the kernel kills it (`popen`). A small launcher arms the signal and execs the command
-(`preexec_fn` is not safe in the stack's threaded process). Linux sends the signal when the
-*thread* that started the child ends, so every child is started from one thread that lives as
-long as the process. Its own children (a
-transform's `sluice serve`, torchrun's workers) stay in its group; the stack records every group
-it starts (leader PID and start time) and, when it starts again, kills whatever is left of the
-groups a stack that did not stop cleanly recorded. Processes are identified by PID, process group
-and start time, never by name.
+its own process group under a small launcher (`preexec_fn` is not safe in the stack's threaded
+process) that holds a parent-death signal: when the stack dies, even by `kill -9`, the kernel
+signals the launcher, which kills its whole group: the command and everything the command started
+(vLLM's engine and worker processes are spawned children of `sluice serve` that would otherwise
+outlive it). The launcher passes SIGTERM/SIGINT on to the command and exits as the command did.
+Linux sends the signal when the *thread* that started the child ends, so every child is started
+from one thread that lives as long as the process. The stack records every group it starts
+(leader PID and start time) and, when it starts again, kills whatever is left of the groups a
+stack that did not stop cleanly recorded (a launcher killed outright leaves its command's
+children). Processes are identified by PID, process group and start time, never by name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -65,14 +67,38 @@ def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
     return proc
 
 
-def die_with(parent: int) -> None:
-    """SIGKILL this process when `parent` dies (Linux; elsewhere nothing); the signal survives
-    exec."""
+def die_with(parent: int, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to this process when `parent` dies (Linux; elsewhere nothing); the setting
+    survives exec, not fork."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     if os.getppid() != parent:  # it died before the signal was armed
         os._exit(1)
+
+
+def supervise(parent: int, cmd: list[str]) -> None:
+    """The launcher: run `cmd` in this process group; when `parent` dies, kill the whole group.
+
+    The stack's death arrives as SIGHUP (the launcher is in its own session: no terminal sends
+    it); SIGTERM and SIGINT are the stack asking the command to stop, and are passed on. The
+    command also dies if the launcher is killed outright (its own parent-death signal).
+    """
+    signal.signal(signal.SIGHUP, lambda *_: os.killpg(0, signal.SIGKILL))
+    die_with(parent, signal.SIGHUP)
+    me = os.getpid()
+    child = subprocess.Popen(cmd, preexec_fn=lambda: die_with(me))  # the launcher has no threads
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, _f: child.send_signal(s))
+    rc = child.wait()
+    for pid in _pids():  # whatever the command left behind in the group goes with it
+        if pid != me and group_of(pid) == me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if rc < 0:  # it died of a signal: so does the launcher, and the caller sees the same status
+        signal.signal(-rc, signal.SIG_DFL)
+        os.kill(me, -rc)
+    sys.exit(rc)
 
 
 # the stack's registry, once it has one (the transform driver and tests run without)
@@ -186,5 +212,4 @@ def _pids() -> list[int]:
 
 
 if __name__ == "__main__":  # python -m sluice_local.processes PARENT_PID CMD...
-    die_with(int(sys.argv[1]))
-    os.execvp(sys.argv[2], sys.argv[2:])
+    supervise(int(sys.argv[1]), sys.argv[2:])

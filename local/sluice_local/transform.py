@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from http.client import HTTPException
 from pathlib import Path
 
 from tqdm import tqdm
@@ -290,7 +292,8 @@ class ServeProcess:
                 last = f"HTTP {e.code}: {e.read().decode(errors='replace')[:500]}"
                 if e.code < 500:
                     break  # a 4xx will not change on retry
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            except (urllib.error.URLError, ConnectionError, TimeoutError, HTTPException) as e:
+                # HTTPException: e.g. IncompleteRead, a response cut mid-stream
                 last = f"{type(e).__name__}: {e}"
             log.warning("invocation attempt %d failed: %s", attempt + 1, last)
         raise SluiceError(f"invocation failed: {last}")
@@ -301,7 +304,7 @@ class ServeProcess:
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the group: serve and vLLM's processes
         processes.untrack(self.proc.pid)
 
 
@@ -383,8 +386,8 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
         i, k, b = item
         try:
             responses[(i, k)] = server.invoke(b, cfg)
-        except SluiceError as e:
-            responses[(i, k)] = e
+        except Exception as e:  # this file fails, with the reason; the other files go on
+            responses[(i, k)] = e if isinstance(e, SluiceError) else SluiceError(f"{e!r}")
 
     with (
         ThreadPoolExecutor(max_workers=concurrency) as pool,
@@ -405,10 +408,16 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
         r.records = len(out_lines)
         r.error_lines = sum(1 for ln in out_lines if ln.startswith(b"{") and b'"error":{' in ln)
         if cfg.join_source == "Input":
-            parts = [
-                b"\n".join(join_input(list(split_lines(b)), list(split_lines(p)), cfg.content_type))
-                for b, p in zip(bodies[i], parts, strict=True)
-            ]
+            try:
+                parts = [
+                    b"\n".join(
+                        join_input(list(split_lines(b)), list(split_lines(p)), cfg.content_type)
+                    )
+                    for b, p in zip(bodies[i], parts, strict=True)
+                ]
+            except SluiceError as e:
+                r.failure = str(e)
+                continue
         sep = b"\n" if cfg.assemble_with == "Line" else b""
         data = b"".join(p + sep for p in parts)
         r.output = join(output_uri, rel + ".out")

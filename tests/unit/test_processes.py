@@ -54,19 +54,34 @@ def test_a_killed_stack_takes_its_container_along_and_the_next_one_reaps_the_res
         [sys.executable, "-c", STACK, str(registry)], stdout=subprocess.PIPE, text=True
     )
     container = int(stack.stdout.readline())
-    assert wait_for(lambda: len(members(container)) == 2)  # the container and its worker
+    # the launcher, the container's command and the worker the command started
+    assert wait_for(lambda: len(members(container)) == 3)
     assert str(container) in registry.read_text()
     time.sleep(0.5)  # the thread that started it has ended; the process it started lives on
     assert processes.alive(container)
 
     stack.send_signal(signal.SIGKILL)
     stack.wait()
-    # the parent-death signal: the container dies with the stack, however it died
-    assert wait_for(lambda: not processes.alive(container))
-    survivors = members(container)  # its worker, orphaned, still in the container's group
-    assert len(survivors) == 1
+    # the parent-death signal: the container's whole group dies with the stack, however it died
+    assert wait_for(lambda: not members(container))
+    assert processes.use(registry) == []
+    assert registry.read_text() == "{}"
 
-    # the next stack kills what the recorded groups left, by group and start time
+
+def test_the_next_stack_reaps_what_escaped(tmp_path):
+    """If the launcher itself is killed outright, its command dies with it, but the command's
+    own children are orphans in the group: the next stack kills them, by group and start time."""
+    registry = tmp_path / "processes.json"
+    stack = subprocess.Popen(
+        [sys.executable, "-c", STACK, str(registry)], stdout=subprocess.PIPE, text=True
+    )
+    container = int(stack.stdout.readline())
+    assert wait_for(lambda: len(members(container)) == 3)  # launcher, command, its worker
+    os.kill(container, signal.SIGKILL)
+    stack.kill()
+    stack.wait()
+    assert wait_for(lambda: len(members(container)) == 1)
+    survivors = members(container)
     killed = processes.use(registry)
     assert killed == survivors
     assert wait_for(lambda: not members(container))
