@@ -21,12 +21,16 @@ setup: $(VENV)/.installed
 
 # The three packages (container/, functions/, local/) editable, plus the developers' tools. The lock
 # pins every transitive version CI installs; torch==2.13.0 is the CPU wheel on disk.
+# vLLM's vision/audio companions: text models never import them, and the registry's builds do not
+# load against the CPU torch (see container/pyproject.toml).
+VISION := torchvision torchaudio torchcodec
 PACKAGES := container/pyproject.toml functions/pyproject.toml local/pyproject.toml
 $(VENV)/.installed: $(PACKAGES) requirements/dev.txt requirements/main.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock torch==2.13.0
 	$(PY) -m pip install $(PIP_FLAGS) -c requirements/main.lock \
-	  -e ./container -e ./functions -e ./local -r requirements/dev.txt
+	  -e './container[cpu]' -e ./functions -e ./local -r requirements/dev.txt
+	$(PY) -m pip uninstall $(PIP_FLAGS) -y $(VISION)
 	touch $@
 
 $(SAM_VENV)/.installed: requirements/sam.lock

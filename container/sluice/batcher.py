@@ -1,9 +1,9 @@
-"""Dynamic batching across requests: one model thread, many request threads.
+"""Scoring with plain torch (faster than vLLM's prompt log-probs on CPUs), batched across requests.
 
-Request threads tokenise their records and submit the jobs; the model thread takes whatever has
-arrived (waiting up to `max_wait_s` for more once it has work), runs it as one set of device
-batches, and hands each request its own results. With MaxConcurrentTransforms > 1 or endpoint
-traffic, records of several requests share device batches; a single request loses nothing.
+Request threads tokenise their records and submit the jobs; one model thread takes whatever has
+arrived (waiting up to `max_wait_s` for more once it has work), runs it as one set of micro-batches
+(`scoring.score_ids`), and hands each request its own results. Generation never comes here: vLLM
+batches it continuously (engine.py).
 """
 
 from __future__ import annotations
@@ -14,13 +14,68 @@ import threading
 import time
 from concurrent.futures import Future
 
-from .engine import Engine, Job
+import torch
+
+from .engine import DEADLINE_MESSAGE, EngineConfig, Job, error_result, score_result
+from .scoring import score_ids
 
 log = logging.getLogger(__name__)
 
 
+class TorchScorer:
+    """`score` records through the Hugging Face model, in micro-batches under a token budget."""
+
+    def __init__(self, model, tokenizer, context: int, config: EngineConfig):
+        self.model, self.tok, self.context, self.config = model.eval(), tokenizer, context, config
+        self.device = next(model.parameters()).device
+        pad = tokenizer.pad_token_id
+        self.pad = pad if pad is not None else tokenizer.eos_token_id
+
+    @torch.inference_mode()
+    def run(self, jobs: list[Job]) -> None:
+        """Fill job.result for every job; past-deadline jobs get their error line."""
+        now = time.monotonic()
+        live = []
+        for j in jobs:
+            if j.deadline < now:
+                j.result = error_result(j.record, "deadline_exceeded", DEADLINE_MESSAGE)
+            else:
+                live.append(j)
+        # score_ids sorts and micro-batches internally; chunk only to bound one call's memory
+        chunk = 2048
+        for start in range(0, len(live), chunk):
+            self._guard(live[start : start + chunk])
+
+    def _guard(self, jobs: list[Job]) -> None:
+        """One call; out of memory halves it, any other failure is these records' error lines."""
+        try:
+            scores = score_ids(
+                self.model,
+                [j.ids for j in jobs],
+                self.pad,
+                self.context,
+                self.config.token_budget,
+                per_token=any(j.record.params.get("per_token") for j in jobs),
+                logits_bytes=self.config.logits_mb * 2**20,
+            )
+            for j, s in zip(jobs, scores, strict=True):
+                j.result = score_result(j, s, self.tok)
+        except torch.OutOfMemoryError:
+            if len(jobs) > 1:  # one oversized batch must not fail the file
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                self._guard(jobs[: len(jobs) // 2])
+                self._guard(jobs[len(jobs) // 2 :])
+                return
+            for j in jobs:
+                j.result = error_result(j.record, "out_of_memory", "record too large for memory")
+        except Exception as e:
+            for j in jobs:
+                j.result = error_result(j.record, "internal_error", f"{type(e).__name__}: {e}")
+
+
 class Batcher:
-    def __init__(self, engine: Engine, max_wait_s: float = 0.005, max_jobs: int = 8192):
+    def __init__(self, engine: TorchScorer, max_wait_s: float = 0.005, max_jobs: int = 8192):
         self.engine = engine
         self.max_wait_s = max_wait_s
         self.max_jobs = max_jobs

@@ -1,26 +1,32 @@
-"""The inference engine behind `serve`: generate, score and next_token over micro-batches.
+"""The inference engine behind `serve`: vLLM's async engine, fed record by record.
 
-Records are tokenised once, sorted by length and grouped into micro-batches under a token budget
-(padding is what wastes compute), run under `torch.inference_mode`, and their results put back in
-input order. Generation is a KV-cached loop over a left-padded batch in which every row keeps its
-own parameters and, when sampling, its own random generator: a record's output does not depend on
-which other records share its batch.
+Request threads tokenise their records here (truncation policy, chat templates, error lines for what
+cannot run) and submit each one to vLLM's engine, which runs on its own event loop thread: the
+records of every request in flight join one continuously batched stream (paged KV cache), across
+all GPUs of the instance (tensor parallel). Each record has its own `SamplingParams` (seed,
+temperature, top-k/p, stop strings, n), so its output does not depend on its neighbours. A record
+still running at the request's deadline is aborted in the engine and gets an error line; cancelling
+a record's future (the client went away) aborts it too.
+
+Scoring runs through vLLM's prompt log-probs on GPUs and through `scoring.TorchScorer` on CPUs,
+where it measured faster (docs/benchmarks.md); `SLUICE_SCORE_ENGINE=vllm|torch` overrides.
 """
 
 from __future__ import annotations
 
-import inspect
+import asyncio
+import concurrent.futures
+import logging
 import math
 import os
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass
 
-import torch
-
-from .evaluate import context_length
 from .records import Record
-from .scoring import encode_for_scoring, score_ids
+
+log = logging.getLogger("sluice.engine")
 
 
 @dataclass
@@ -35,42 +41,19 @@ class Job:
 
 @dataclass
 class EngineConfig:
-    token_budget: int = 16384  # padded tokens per micro-batch (rows x longest row)
-    max_rows: int = 256
     default_max_new_tokens: int = 32
     truncation: str = "left"
-    logits_mb: int = 32  # cap on one micro-batch's float32 logits when scoring
+    token_budget: int = 16384  # torch scoring: padded tokens per micro-batch
+    logits_mb: int = 32  # torch scoring: cap on one micro-batch's float32 logits
 
     @classmethod
-    def from_env(cls, device: torch.device, defaults: dict | None = None) -> EngineConfig:
-        budget = 65536 if device.type == "cuda" else 16384
+    def from_env(cls, cuda: bool, defaults: dict | None = None) -> EngineConfig:
         return cls(
-            token_budget=int(os.environ.get("SLUICE_TOKEN_BUDGET", budget)),
-            max_rows=int(os.environ.get("SLUICE_MAX_ROWS", 512 if device.type == "cuda" else 256)),
             default_max_new_tokens=int((defaults or {}).get("max_new_tokens", 32)),
             truncation=os.environ.get("SLUICE_TRUNCATION", "left"),
-            logits_mb=int(
-                os.environ.get("SLUICE_LOGITS_MB", 1024 if device.type == "cuda" else 32)
-            ),
+            token_budget=int(os.environ.get("SLUICE_TOKEN_BUDGET", 65536 if cuda else 16384)),
+            logits_mb=int(os.environ.get("SLUICE_LOGITS_MB", 1024 if cuda else 32)),
         )
-
-
-def micro_batches(costs: list[tuple[int, int]], budget: int, max_rows: int) -> list[list[int]]:
-    """Group (key, length) pairs, sorted by length, so rows x longest <= budget."""
-    order = sorted(range(len(costs)), key=lambda i: costs[i])
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order:
-        grown = max(longest, costs[i][1])
-        if current and (len(current) + 1 > max_rows or (len(current) + 1) * grown > budget):
-            batches.append(current)
-            current, grown = [], costs[i][1]
-        current.append(i)
-        longest = grown
-    if current:
-        batches.append(current)
-    return batches
 
 
 def _id_fields(rec: Record) -> dict:
@@ -81,352 +64,295 @@ def error_result(rec: Record, code: str, message: str) -> dict:
     return {**_id_fields(rec), "error": {"code": code, "message": message}}
 
 
-@dataclass
-class Row:
-    """One sequence being generated (a record may have several: num_return_sequences)."""
-
-    job: int
-    prompt: list[int]
-    max_new: int
-    sample: bool
-    temperature: float
-    top_k: int
-    top_p: float
-    stop: list[str]
-    generator: torch.Generator | None
-    tokens: list[int] = field(default_factory=list)
-    logprob: float = 0.0
-    finish: str | None = None
-    text: str | None = None
+DEADLINE_MESSAGE = (
+    "the request's time budget ran out before this record finished; send fewer records per "
+    "request (MaxPayloadInMB) or raise the timeout"
+)
 
 
-class Engine:
-    def __init__(self, model, tokenizer, config: EngineConfig | None = None):
-        self.model = model.eval()
-        self.tok = tokenizer
-        self.device = next(model.parameters()).device
-        self.context = context_length(model)
-        self.config = config or EngineConfig()
-        self.eos = tokenizer.eos_token_id
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
-        # prefill needs only the last position's logits (most causal LMs accept this)
-        params = inspect.signature(model.forward).parameters
-        self.last_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self._strs: dict[int, str] = {}
+# --- preparation (request threads) -----------------------------------------------------------
 
-    def token_str(self, i: int) -> str:
-        """One token's text, decoded once (next_token and per-token scores ask for many)."""
-        s = self._strs.get(i)
-        if s is None:
-            s = self._strs[i] = self.tok.decode([i])
-        return s
 
-    # --- preparation (request threads) ---------------------------------------------------------
+def prepare(
+    tok, context: int, config: EngineConfig, records: list[Record], deadline: float = math.inf
+) -> list[Job | dict]:
+    """Tokenise a window of records; what cannot run becomes its error result, in place."""
+    from .scoring import encode_for_scoring
 
-    def prepare(self, records: list[Record], deadline: float = math.inf) -> list[Job | dict]:
-        """Tokenise a window of records at once; too-long inputs become error results."""
-        out: list[Job | dict] = []
-        score = [r for r in records if r.task == "score"]
-        other = [r for r in records if r.task != "score"]
-        ids: dict[int, list[int]] = {}
-        if score:
-            for r, s in zip(
-                score, encode_for_scoring(self.tok, [r.text for r in score]), strict=True
-            ):
-                ids[r.index] = s
-        if other:
-            enc = self.tok([r.text for r in other])["input_ids"]
-            for r, s in zip(other, enc, strict=True):
-                ids[r.index] = s
-        for r in records:
-            job = self._fit(r, ids[r.index], deadline)
-            out.append(job)
-        return out
+    ids: dict[int, list[int] | dict] = {}
+    score = [r for r in records if r.task == "score"]
+    plain = [r for r in records if r.task != "score" and r.messages is None]
+    if score:
+        for r, s in zip(score, encode_for_scoring(tok, [r.text for r in score]), strict=True):
+            ids[r.index] = s
+    if plain:
+        for r, s in zip(plain, tok([r.text for r in plain])["input_ids"], strict=True):
+            ids[r.index] = s
+    for r in records:
+        if r.messages is not None:
+            ids[r.index] = _chat_ids(tok, r)
+    out: list[Job | dict] = []
+    for r in records:
+        x = ids[r.index]
+        out.append(x if isinstance(x, dict) else _fit(r, x, context, config, deadline))
+    return out
 
-    def _fit(self, rec: Record, ids: list[int], deadline: float) -> Job | dict:
-        policy = rec.params.get("truncation", self.config.truncation)
-        if rec.task == "score":
-            # long texts are scored in windows; only the error policy refuses them
-            if policy == "error" and len(ids) > self.context:
-                return error_result(
-                    rec,
-                    "too_long",
-                    f"text has {len(ids)} tokens, the model's context is "
-                    f"{self.context} (send truncation='left' to score it in windows)",
-                )
-            return Job(rec, ids, deadline)
-        room = self.context
-        if rec.task == "generate":
-            room -= rec.params.get("max_new_tokens", self.config.default_max_new_tokens)
-            if room < 1:
-                return error_result(
-                    rec,
-                    "invalid_parameter",
-                    f"max_new_tokens must be below the model's context of {self.context}",
-                )
-        if len(ids) > room:
-            if policy == "error":
-                return error_result(
-                    rec,
-                    "too_long",
-                    f"prompt has {len(ids)} tokens; with max_new_tokens it must "
-                    f"fit the model's context of {self.context} (or send truncation='left')",
-                )
-            ids = ids[-room:]
-        if not ids:
-            return error_result(rec, "empty_text", "the text has no tokens")
-        return Job(rec, ids, deadline)
 
-    # --- execution (the model thread) ------------------------------------------------------------
-
-    @torch.inference_mode()
-    def run(self, jobs: list[Job]) -> None:
-        """Fill job.result for every job (grouped by task; each task micro-batched)."""
-        now = time.monotonic()
-        live = []
-        for j in jobs:
-            if j.deadline < now:
-                j.result = error_result(
-                    j.record,
-                    "deadline_exceeded",
-                    "the request's time budget ran out before this record was reached; "
-                    "send fewer records per request (MaxPayloadInMB) or raise the timeout",
-                )
-            else:
-                live.append(j)
-        for task, fn in (
-            ("score", self._score),
-            ("next_token", self._next_token),
-            ("generate", self._generate),
-        ):
-            group = [j for j in live if j.record.task == task]
-            if group:
-                fn(group)
-
-    def _guard(self, jobs: list[Job], fn: Callable[[list[Job]], None]) -> None:
-        """Run one micro-batch; a failure becomes error lines for its records, not a 500."""
-        try:
-            fn(jobs)
-        except torch.OutOfMemoryError:
-            if len(jobs) > 1:  # halve and retry: one oversized batch must not fail the file
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                mid = len(jobs) // 2
-                self._guard(jobs[:mid], fn)
-                self._guard(jobs[mid:], fn)
-                return
-            for j in jobs:
-                j.result = error_result(j.record, "out_of_memory", "record too large for memory")
-        except Exception as e:
-            for j in jobs:
-                j.result = error_result(j.record, "internal_error", f"{type(e).__name__}: {e}")
-
-    def _score(self, jobs: list[Job]) -> None:
-        per_token = any(j.record.params.get("per_token") for j in jobs)
-
-        def run(batch: list[Job]) -> None:
-            scores = score_ids(
-                self.model,
-                [j.ids for j in batch],
-                self.pad,
-                self.context,
-                self.config.token_budget,
-                per_token=per_token,
-                logits_bytes=self.config.logits_mb * 2**20,
-            )
-            for j, s in zip(batch, scores, strict=True):
-                res = {
-                    **_id_fields(j.record),
-                    "task": "score",
-                    "logprob": s.logprob,
-                    "mean_logprob": s.mean_logprob,
-                    "perplexity": s.perplexity,
-                    "tokens": s.tokens,
-                }
-                if j.record.params.get("per_token"):
-                    res["token_logprobs"] = s.token_logprobs
-                    res["token_strs"] = [self.token_str(t) for t in j.ids[1:]]
-                j.result = res
-
-        # score_ids sorts and micro-batches internally; chunk only to bound one call's memory
-        chunk = max(1, self.config.max_rows * 8)
-        for start in range(0, len(jobs), chunk):
-            self._guard(jobs[start : start + chunk], run)
-
-    def left_padded(self, seqs: list[list[int]]) -> tuple[torch.Tensor, ...]:
-        """ids, attention mask and position ids of a left-padded batch (last tokens aligned)."""
-        longest = max(map(len, seqs))
-        ids = torch.tensor([[self.pad] * (longest - len(s)) + s for s in seqs], dtype=torch.long)
-        mask = torch.tensor([[0] * (longest - len(s)) + [1] * len(s) for s in seqs])
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
-
-    def _next_token(self, jobs: list[Job]) -> None:
-        def run(batch: list[Job]) -> None:
-            ids, mask, pos = self.left_padded([j.ids for j in batch])
-            logits = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                use_cache=False,
-                **self.last_only,
-            ).logits
-            probs = logits[:, -1].float().softmax(-1)
-            k_max = max(j.record.params.get("top_k", 5) for j in batch)
-            top = torch.topk(probs, k_max, dim=-1)
-            values, indices = top.values.cpu().tolist(), top.indices.cpu().tolist()
-            for r, j in enumerate(batch):
-                k = j.record.params.get("top_k", 5)
-                j.result = {
-                    **_id_fields(j.record),
-                    "task": "next_token",
-                    "next_tokens": [
-                        {"token": self.token_str(i), "id": i, "prob": p}
-                        for p, i in zip(values[r][:k], indices[r][:k], strict=True)
-                    ],
-                }
-
-        costs = [(len(j.ids), len(j.ids)) for j in jobs]
-        for b in micro_batches(costs, self.config.token_budget, self.config.max_rows):
-            self._guard([jobs[i] for i in b], run)
-
-    # --- generation ------------------------------------------------------------------------------
-
-    def _rows(self, k: int, job: Job) -> list[Row]:
-        p = job.record.params
-        temperature = float(p.get("temperature", 1.0))
-        explicit = any(n in p for n in ("temperature", "top_k", "top_p"))
-        sample = bool(p.get("do_sample", explicit)) and temperature > 0
-        rows = []
-        for n in range(p.get("num_return_sequences", 1)):
-            gen = None
-            if sample:
-                # per-row generator: a seeded record samples the same text in any batch
-                gen = torch.Generator(device=self.device)
-                seed = p.get("seed")
-                gen.manual_seed(
-                    (seed + n) % 2**63 if seed is not None else int.from_bytes(os.urandom(7))
-                )
-            rows.append(
-                Row(
-                    k,
-                    job.ids,
-                    p.get("max_new_tokens", self.config.default_max_new_tokens),
-                    sample,
-                    temperature,
-                    int(p.get("top_k", 0)),
-                    float(p.get("top_p", 1.0)),
-                    p.get("stop", []),
-                    gen,
-                )
-            )
-        return rows
-
-    def _generate(self, jobs: list[Job]) -> None:
-        rows = [row for k, j in enumerate(jobs) for row in self._rows(k, j)]
-        costs = [(r.max_new, len(r.prompt) + r.max_new) for r in rows]
-        by_job: dict[int, list[Row]] = {}
-        for b in micro_batches(costs, self.config.token_budget, self.config.max_rows):
-            batch = [rows[i] for i in b]
-            try:
-                self._generate_batch(batch)
-            except Exception as e:  # reported as error lines for these records below
-                for r in batch:
-                    r.finish, r.text = "error", f"{type(e).__name__}: {e}"
-        for r in rows:
-            by_job.setdefault(r.job, []).append(r)
-        for k, j in enumerate(jobs):
-            outs = by_job[k]
-            if any(r.finish == "error" for r in outs):
-                j.result = error_result(j.record, "internal_error", outs[0].text or "")
-                continue
-            gens = [
-                {
-                    "generated_text": r.text,
-                    "tokens": len(r.tokens),
-                    "finish_reason": r.finish,
-                    "mean_logprob": r.logprob / len(r.tokens) if r.tokens else None,
-                }
-                for r in outs
-            ]
-            j.result = {**_id_fields(j.record), "task": "generate", **gens[0]}
-            if len(gens) > 1:
-                j.result["generations"] = gens
-
-    def _pick(self, logits: torch.Tensor, rows: list[Row]) -> torch.Tensor:
-        """Next token per row: argmax for greedy rows, a draw from the row's generator otherwise."""
-        nxt = logits.argmax(-1)
-        for i, r in enumerate(rows):
-            if not r.sample:
-                continue
-            scores = logits[i].float() / r.temperature
-            if r.top_k:
-                kth = torch.topk(scores, min(r.top_k, scores.numel())).values[-1]
-                scores = scores.masked_fill(scores < kth, -math.inf)
-            if r.top_p < 1.0:
-                sorted_scores, idx = torch.sort(scores, descending=True)
-                cum = sorted_scores.softmax(-1).cumsum(-1)
-                drop = cum - sorted_scores.softmax(-1) > r.top_p
-                scores = scores.scatter(0, idx[drop], -math.inf)
-            probs = scores.softmax(-1)
-            nxt[i] = torch.multinomial(probs, 1, generator=r.generator)[0]
-        return nxt
-
-    def _generate_batch(self, rows: list[Row]) -> None:
-        dev = self.device
-        ids, mask, pos = self.left_padded([r.prompt for r in rows])
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **self.last_only
+def _chat_ids(tok, rec: Record) -> list[int] | dict:
+    """The conversation rendered by the tokenizer's own chat template, ready for the reply."""
+    if not getattr(tok, "chat_template", None):
+        return error_result(
+            rec,
+            "no_chat_template",
+            'this model\'s tokenizer has no chat template: send "text" instead of "messages"',
         )
-        past, logits = out.past_key_values, out.logits[:, -1]
-        next_pos = pos[:, -1:] + 1
-        steps = max(r.max_new for r in rows)
-        index = torch.arange(len(rows), device=dev)  # batch position -> row
-        for step in range(steps):
-            nxt = self._pick(logits, [rows[i] for i in index.tolist()])
-            logp = logits.float().log_softmax(-1).gather(-1, nxt[:, None])[:, 0]
-            nxt_l, logp_l = nxt.tolist(), logp.tolist()
-            keep = []
-            for b, i in enumerate(index.tolist()):
-                r = rows[i]
-                t = nxt_l[b]
-                if t == self.eos:
-                    r.finish = "eos"
-                else:
-                    r.tokens.append(t)
-                    r.logprob += logp_l[b]
-                    if r.stop and self._hit_stop(r):
-                        r.finish = "stop"
-                    elif len(r.tokens) >= r.max_new:
-                        r.finish = "length"
-                if r.finish is None:
-                    keep.append(b)
-            if not keep or step == steps - 1:
-                break
-            if len(keep) < len(index):
-                # drop finished rows from the batch (and their KV cache) instead of computing on
-                sel = torch.tensor(keep, device=dev)
-                past.batch_select_indices(sel)
-                index, nxt, mask, next_pos = index[sel], nxt[sel], mask[sel], next_pos[sel]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self.model(
-                input_ids=nxt[:, None],
-                attention_mask=mask,
-                position_ids=next_pos,
-                past_key_values=past,
-                use_cache=True,
-            )
-            past, logits = out.past_key_values, out.logits[:, -1]
-            next_pos = next_pos + 1
-        for r in rows:
-            r.finish = r.finish or "length"
-            if r.text is None:
-                r.text = self.tok.decode(r.tokens, skip_special_tokens=True)
+    try:
+        out = tok.apply_chat_template(rec.messages, add_generation_prompt=True, tokenize=True)
+    except Exception as e:  # a template may refuse a conversation (e.g. roles out of order)
+        return error_result(rec, "invalid_messages", f"the chat template refused them: {e}")
+    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
-    def _hit_stop(self, r: Row) -> bool:
-        text = self.tok.decode(r.tokens, skip_special_tokens=True)
-        cut = min((text.find(s) for s in r.stop if s in text), default=-1)
-        if cut < 0:
-            return False
-        r.text = text[:cut]
-        return True
+
+def _fit(
+    rec: Record, ids: list[int], context: int, config: EngineConfig, deadline: float = math.inf
+) -> Job | dict:
+    policy = rec.params.get("truncation", config.truncation)
+    if rec.task == "score":
+        # long texts are scored in windows; only the error policy refuses them
+        if policy == "error" and len(ids) > context:
+            return error_result(
+                rec,
+                "too_long",
+                f"text has {len(ids)} tokens, the model's context is "
+                f"{context} (send truncation='left' to score it in windows)",
+            )
+        return Job(rec, ids, deadline)
+    room = context
+    if rec.generates:
+        room -= rec.params.get("max_new_tokens", config.default_max_new_tokens)
+        if room < 1:
+            return error_result(
+                rec,
+                "invalid_parameter",
+                f"max_new_tokens must be below the model's context of {context}",
+            )
+    if len(ids) > room:
+        if policy == "error":
+            return error_result(
+                rec,
+                "too_long",
+                f"prompt has {len(ids)} tokens; with max_new_tokens it must "
+                f"fit the model's context of {context} (or send truncation='left')",
+            )
+        ids = ids[-room:]
+    if not ids:
+        return error_result(rec, "empty_text", "the text has no tokens")
+    return Job(rec, ids, deadline)
+
+
+# --- vLLM ------------------------------------------------------------------------------------
+
+
+def cpu_defaults() -> None:
+    """vLLM's CPU backend settings for a machine the container has to itself (set unless given).
+
+    All the cores the process may use compute (vLLM reserves one by default), and a KV cache of
+    SLUICE_KV_CACHE_GB (default 1 GiB: ample for small models; allocating it costs start-up).
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("SLUICE_KV_CACHE_GB", "1"))
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+
+
+def tensor_parallel(gpus: int, heads: int) -> int:
+    """The most GPUs (of those present) the attention heads divide evenly across."""
+    return max((n for n in range(1, max(gpus, 1) + 1) if heads % n == 0), default=1)
+
+
+def sampling_params(rec: Record, default_max_new: int):
+    """One record's `SamplingParams` (generate/chat, next_token, score)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    final = RequestOutputKind.FINAL_ONLY
+    p = rec.params
+    if rec.task == "next_token":
+        k = p.get("top_k", 5)
+        return SamplingParams(max_tokens=1, temperature=0, logprobs=k, output_kind=final)
+    if rec.task == "score":
+        return SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0, output_kind=final)
+    sample = p.get("do_sample", False) and p.get("temperature", 1.0) > 0
+    return SamplingParams(
+        n=p.get("num_return_sequences", 1),
+        max_tokens=p.get("max_new_tokens", default_max_new),
+        temperature=p.get("temperature", 1.0) if sample else 0.0,
+        top_k=p.get("top_k", 0) if sample else 0,
+        top_p=p.get("top_p", 1.0) if sample else 1.0,
+        seed=p.get("seed") if sample else None,
+        repetition_penalty=p.get("repetition_penalty", 1.0),
+        stop=p.get("stop") or None,
+        logprobs=0,  # the chosen token's log-prob, for mean_logprob
+        output_kind=final,
+    )
+
+
+class VllmEngine:
+    """vLLM's `AsyncLLM` on a private event loop; `submit` is safe from any thread."""
+
+    def __init__(self, model_dir, tok, context: int, dtype: str, config: EngineConfig):
+        self.tok, self.context, self.config = tok, context, config
+        self.eos = tok.eos_token_id
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="vllm", daemon=True)
+        self._thread.start()
+        self.llm = asyncio.run_coroutine_threadsafe(
+            self._start(str(model_dir), dtype), self.loop
+        ).result()
+
+    async def _start(self, model_dir: str, dtype: str):
+        import torch
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        cuda = torch.cuda.is_available()
+        if not cuda:
+            cpu_defaults()
+        heads = _heads(model_dir)
+        tp = tensor_parallel(torch.cuda.device_count(), heads) if cuda else 1
+        args = AsyncEngineArgs(
+            model=model_dir,
+            dtype=dtype,
+            max_model_len=self.context,
+            tensor_parallel_size=tp,
+            # one worker runs inside the engine process: one process fewer to start
+            distributed_executor_backend="uni" if tp == 1 else None,
+            seed=0,
+            max_logprobs=100,  # next_token's top_k goes up to 100
+            # CPU: no graph capture or compilation (start-up in seconds, same throughput measured)
+            enforce_eager=os.environ.get("SLUICE_ENFORCE_EAGER", "0" if cuda else "1") == "1",
+            gpu_memory_utilization=float(
+                os.environ.get("SLUICE_GPU_MEMORY_UTILIZATION", "0.9" if cuda else "0.15")
+            ),
+            disable_log_stats=True,
+        )
+        llm = AsyncLLM.from_engine_args(args)
+        log.info(
+            "vLLM engine: %s, dtype %s, tensor parallel %d",
+            model_dir,
+            dtype,
+            args.tensor_parallel_size,
+        )
+        return llm
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        try:
+            llm.shutdown()
+            # its __del__ would shut down again at interpreter exit, when vLLM's globals are gone
+            llm.shutdown = lambda *a, **k: None
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+
+    def submit(self, job: Job) -> concurrent.futures.Future:
+        """Run one job; the future resolves once job.result is set. cancel() aborts it."""
+        return asyncio.run_coroutine_threadsafe(self._run(job), self.loop)
+
+    async def _run(self, job: Job) -> Job:
+        left = job.deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            work = self._score(job) if job.record.task == "score" else self._complete(job)
+            job.result = await asyncio.wait_for(work, timeout=min(left, 1e9))
+        except TimeoutError:  # wait_for cancelled the stream, and vLLM aborted the request
+            job.result = error_result(job.record, "deadline_exceeded", DEADLINE_MESSAGE)
+        except asyncio.CancelledError:
+            job.result = error_result(job.record, "cancelled", "the client went away")
+            raise
+        except Exception as e:  # one record's failure is its error line, never the request's
+            log.exception("record %d failed in the engine", job.record.index)
+            job.result = error_result(job.record, "internal_error", f"{type(e).__name__}: {e}")
+        return job
+
+    async def _final(self, ids: list[int], params):
+        last = None
+        async for out in self.llm.generate(
+            {"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex
+        ):
+            last = out
+        return last
+
+    async def _score(self, job: Job) -> dict:
+        """Prompt log-probs, window by window for texts longer than the context.
+
+        vLLM wants room for one generated token, so windows are one token shorter than torch
+        scoring's: a text longer than the context gets slightly different context boundaries.
+        """
+        from .scoring import Score, windows
+
+        params = sampling_params(job.record, 1)
+        parts = windows(job.ids, self.context - 1)
+        outs = await asyncio.gather(*(self._final(w, params) for w, _ in parts))
+        steps = []
+        for (w, first), out in zip(parts, outs, strict=True):
+            steps += [out.prompt_logprobs[i][w[i]].logprob for i in range(first, len(w))]
+        return score_result(job, Score(sum(steps), len(steps), steps), self.tok)
+
+    async def _complete(self, job: Job) -> dict:
+        rec = job.record
+        out = await self._final(job.ids, sampling_params(rec, self.config.default_max_new_tokens))
+        if rec.task == "next_token":
+            top = sorted(out.outputs[0].logprobs[0].items(), key=lambda kv: kv[1].rank)
+            k = rec.params.get("top_k", 5)
+            return {
+                **_id_fields(rec),
+                "task": "next_token",
+                "next_tokens": [
+                    {"token": self.tok.decode([i]), "id": i, "prob": math.exp(lp.logprob)}
+                    for i, lp in top[:k]
+                ],
+            }
+        gens = [self._generation(c) for c in out.outputs]
+        res = {**_id_fields(rec), "task": rec.task, **gens[0]}
+        if len(gens) > 1:
+            res["generations"] = gens
+        return res
+
+    def _generation(self, c) -> dict:
+        ids = list(c.token_ids)
+        logprobs = [step[t].logprob for step, t in zip(c.logprobs or [], ids, strict=False)]
+        if c.finish_reason == "stop" and c.stop_reason is None and ids and ids[-1] == self.eos:
+            finish, ids, logprobs = "eos", ids[:-1], logprobs[: len(ids) - 1]
+        else:
+            finish = "stop" if c.finish_reason == "stop" else "length"
+        return {
+            "generated_text": c.text,
+            "tokens": len(ids),
+            "finish_reason": finish,
+            "mean_logprob": sum(logprobs) / len(logprobs) if logprobs else None,
+        }
+
+
+def score_result(job: Job, s, tok) -> dict:
+    """A score line (either engine): totals, and per token when the record asks."""
+    res = {
+        **_id_fields(job.record),
+        "task": "score",
+        "logprob": s.logprob,
+        "mean_logprob": s.mean_logprob,
+        "perplexity": s.perplexity,
+        "tokens": s.tokens,
+    }
+    if job.record.params.get("per_token"):
+        res["token_logprobs"] = s.token_logprobs
+        res["token_strs"] = [tok.decode([t]) for t in job.ids[1:]]
+    return res
+
+
+def _heads(model_dir: str) -> int:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    return int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1))

@@ -600,25 +600,57 @@ REFERENCE_OUTPUTS = 200
 
 
 def reference_outputs(model_dir: Path, texts: list[str], n: int) -> list[dict]:
-    """What the champion generates for the first n records' opening halves (up to 32 tokens),
-    with its own task defaults: the baseline for the output-side measures."""
-    from .engine import Engine, EngineConfig
+    """What the champion generates, greedily, for the first n records' opening halves (up to 32
+    tokens), with its own default max_new_tokens: the baseline for the output-side measures.
+
+    Hugging Face `generate` rather than vLLM: for a few hundred short prompts in a processing job,
+    vLLM's start-up (tens of seconds) costs more than the generation. Greedy float32 text is the
+    same in both; tokens and mean_logprob are counted as `serve` counts them (EOS excluded).
+    """
+    import torch
+
     from .model import load_model, read_sluice_json
-    from .records import Record
 
     model, tok = load_model(model_dir)
+    model.eval()
     defaults = read_sluice_json(model_dir).get("task_defaults", {})
-    engine = Engine(
-        model, tok, EngineConfig(default_max_new_tokens=int(defaults.get("max_new_tokens", 32)))
-    )
-    records = []
-    for i, text in enumerate(texts[:n]):
+    max_new = int(defaults.get("max_new_tokens", 32))
+    prompts = []
+    for text in texts[:n]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         if len(ids) >= 2:
-            records.append(Record(i, tok.decode(ids[: min(32, len(ids) // 2)]), "generate", {}))
-    jobs = [j for j in engine.prepare(records) if not isinstance(j, dict)]
-    engine.run(jobs)
-    return [j.result for j in jobs if j.result and "error" not in j.result]
+            prompts.append(ids[: min(32, len(ids) // 2)])
+    out: list[dict] = []
+    tok.padding_side = "left"
+    for start in range(0, len(prompts), 64):
+        batch = tok.pad({"input_ids": prompts[start : start + 64]}, return_tensors="pt")
+        with torch.inference_mode():
+            gen = model.generate(
+                **batch,
+                max_new_tokens=max_new,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
+        steps = torch.stack(gen.scores, dim=1).float().log_softmax(-1)  # [rows, steps, vocab]
+        new = gen.sequences[:, batch["input_ids"].shape[1] :]
+        for row in range(new.shape[0]):
+            ids, logps = [], []
+            for t, token in enumerate(new[row].tolist()):
+                if token == tok.eos_token_id:
+                    break
+                ids.append(token)
+                logps.append(float(steps[row, t, token]))
+            out.append(
+                {
+                    "task": "generate",
+                    "generated_text": tok.decode(ids, skip_special_tokens=True),
+                    "tokens": len(ids),
+                    "mean_logprob": sum(logps) / len(logps) if logps else None,
+                }
+            )
+    return out
 
 
 def run_baseline(

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import codecs
 import csv
+import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-TASKS = ("generate", "score", "next_token")
+TASKS = ("generate", "chat", "score", "next_token")
+GENERATING = ("generate", "chat")  # chat: generate over the tokenizer's chat template
+SAMPLING = ("temperature", "top_k", "top_p")
+BOM = b"\xef\xbb\xbf"
 JSONLINES = ("application/jsonlines", "application/x-jsonlines", "application/jsonl")
 LINE_TYPES = (*JSONLINES, "text/plain", "text/csv")
 JSON = "application/json"
@@ -34,10 +38,12 @@ PARAMETERS: dict[str, dict[str, tuple[type, Any, str]]] = {
         "seed": (_INT, lambda v: 0 <= v < 2**63, "a non-negative integer"),
         "stop": (list, None, "a string or a list of strings"),
         "num_return_sequences": (_INT, lambda v: 1 <= v <= 16, "an integer from 1 to 16"),
+        "repetition_penalty": (_FLOAT, lambda v: 0 < v <= 10, "a number in (0, 10]"),
     },
     "score": {"per_token": (_BOOL, None, "true or false")},
     "next_token": {"top_k": (_INT, lambda v: 1 <= v <= 100, "an integer from 1 to 100")},
 }
+PARAMETERS["chat"] = PARAMETERS["generate"]
 COMMON = {"truncation": (str, lambda v: v in ("error", "left"), "'error' or 'left'")}
 
 
@@ -52,11 +58,16 @@ class BodyError(Exception):
 @dataclass
 class Record:
     index: int
-    text: str
+    text: str | None
     task: str
     params: dict
     id: Any = None
     has_id: bool = False
+    messages: list[dict] | None = None  # chat: [{"role": ..., "content": ...}, ...]
+
+    @property
+    def generates(self) -> bool:
+        return self.task in GENERATING
 
 
 @dataclass
@@ -108,37 +119,89 @@ def make_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
     if not isinstance(obj, dict):
         return BadRecord(index, "invalid_record", "a record must be a JSON object or a string")
     rid, has_id = obj.get("id"), "id" in obj
+    if has_id and not json_safe(rid):
+        return BadRecord(index, "invalid_id", '"id" cannot be written back as JSON text')
 
     def bad(code: str, message: str) -> BadRecord:
         return BadRecord(index, code, message, rid, has_id)
 
-    text = obj.get("text", obj.get("inputs"))
-    if text is None:
-        return bad("missing_text", 'a record needs a "text" (or "inputs") string')
-    if not isinstance(text, str):
-        return bad("invalid_text", '"text" must be a string')
-    if not text.strip():
-        return bad("empty_text", '"text" is empty')
-    task = obj.get("task", defaults.task)
+    messages = obj.get("messages")
+    task = obj.get("task", "chat" if messages is not None else defaults.task)
     if task not in TASKS:
         return bad("unknown_task", f"unknown task {task!r}; choose one of {list(TASKS)}")
+    text = obj.get("text", obj.get("inputs"))
+    if task == "chat":
+        if messages is None and isinstance(text, str) and text.strip():
+            messages = [{"role": "user", "content": text}]
+        problem = _check_messages(messages)
+        if problem:
+            return bad("invalid_messages", problem)
+        text = None
+    elif messages is not None:
+        return bad("invalid_record", f'"messages" is for task "chat", not {task!r}')
+    elif text is None:
+        return bad("missing_text", 'a record needs a "text" (or "inputs") string')
+    elif not isinstance(text, str) or not json_safe(text):
+        return bad("invalid_text", '"text" must be a string of Unicode characters')
+    elif not text.strip():
+        return bad("empty_text", '"text" is empty')
     params = obj.get("parameters", {})
     if not isinstance(params, dict):
         return bad("invalid_parameters", '"parameters" must be a JSON object')
-    merged = dict(defaults.params.get(task, {}))
+    merged = dict(defaults.params.get("generate" if task == "chat" else task, {}))
     try:
         for name, value in params.items():
             merged[name] = _check_param(task, name, value)
     except ValueError as e:
         return bad("invalid_parameter", str(e))
-    return Record(index, text, task, merged, rid, has_id)
+    if task in GENERATING:
+        # sampling is on when asked, or when the record sets a sampling knob; else the defaults'
+        if "do_sample" not in params and any(k in params for k in SAMPLING):
+            merged["do_sample"] = True
+        merged.setdefault("do_sample", any(k in merged for k in SAMPLING))
+    return Record(index, text, task, merged, rid, has_id, messages)
+
+
+def _check_messages(messages: Any) -> str | None:
+    """What is wrong with a chat conversation, or None."""
+    if not isinstance(messages, list) or not messages:
+        return 'a chat record needs "messages": a non-empty list of {"role", "content"} objects'
+    for i, m in enumerate(messages):
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            and json_safe(m)
+        ):
+            return f'messages[{i}] must be an object with string "role" and "content"'
+    return None
+
+
+def json_safe(value: Any) -> bool:
+    """Can this value be written back as strict JSON in UTF-8 (no NaN, no lone surrogates)?"""
+    try:
+        dumps(value).encode("utf-8")
+    except (ValueError, TypeError, UnicodeEncodeError, RecursionError):
+        return False
+    return True
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (send null or a string)")
+
+
+def loads(text: str | bytes) -> Any:
+    """Strict JSON: NaN/Infinity refused (Python's json takes them; AWS and our output do not)."""
+    return json.loads(text, parse_constant=_no_constant)
 
 
 def _decode_json_line(index: int, line: str, defaults: Defaults) -> Record | BadRecord:
     try:
-        obj = json.loads(line)
+        obj = loads(line)
     except json.JSONDecodeError as e:
         return BadRecord(index, "invalid_json", f"not valid JSON: {e.msg}")
+    except (ValueError, RecursionError) as e:
+        return BadRecord(index, "invalid_json", f"not valid JSON: {e}"[:200])
     return make_record(index, obj, defaults)
 
 
@@ -169,14 +232,47 @@ def parse_body(body: bytes, content_type: str | None, defaults: Defaults) -> Ite
 
     Raises BodyError at once (before any output is sent) for a body that cannot be read.
     """
+    if body.startswith(BOM):  # some editors and Windows tools write one; it is not part of the text
+        body = body[len(BOM) :]
     kind = check_readable(body, content_type)
     if kind == JSON:
         return iter(list(_parse_json(body, defaults)))
-    return _parse_lines(body, kind, defaults)
+    return _parse_lines(split_lines(body), kind, defaults)
 
 
-def _parse_lines(body: bytes, kind: str, defaults: Defaults) -> Iterator[Record | BadRecord]:
-    for index, raw in enumerate(split_lines(body)):
+def parse_stream(chunks: Iterable[bytes], content_type: str | None, defaults: Defaults) -> Iterator:
+    """Records of a body that is still arriving (chunked, no size limit), line by line.
+
+    The first chunk is checked before anything is answered (BodyError); a JSON document is read
+    whole first. Lines are answered as they complete.
+    """
+    chunks = iter(chunks)
+    first = next(chunks, b"")
+    if first.startswith(BOM):
+        first = first[len(BOM) :]
+    kind = media_type(content_type) or "application/jsonlines"
+    if kind == JSON:
+        return parse_body(first + b"".join(chunks), content_type, defaults)
+    check_readable(first[:4], content_type)
+    return _parse_lines(stream_lines(itertools.chain([first], chunks)), kind, defaults)
+
+
+def stream_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """`split_lines` over a body arriving in chunks."""
+    rest = b""
+    for chunk in chunks:
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        for line in lines:
+            yield line[:-1] if line.endswith(b"\r") else line
+    if rest:
+        yield rest[:-1] if rest.endswith(b"\r") else rest
+
+
+def _parse_lines(
+    lines: Iterable[bytes], kind: str, defaults: Defaults
+) -> Iterator[Record | BadRecord]:
+    for index, raw in enumerate(lines):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -237,13 +333,15 @@ def _decodes(line: bytes) -> bool:
 
 def _parse_json(body: bytes, defaults: Defaults):
     try:
-        doc = json.loads(body.decode("utf-8"))
+        doc = loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise BodyError(400, "the body is not UTF-8; send UTF-8 JSON") from None
     except json.JSONDecodeError as e:
         extra = "Extra data" in e.msg
         hint = " (one JSON object a line? send application/jsonlines)" if extra else ""
         raise BodyError(400, f"the body is not one JSON document: {e.msg}{hint}") from None
+    except (ValueError, RecursionError) as e:
+        raise BodyError(400, f"the body is not one JSON document: {e}"[:300]) from None
     items = doc if isinstance(doc, list) else [doc]
     for index, obj in enumerate(items):
         yield make_record(index, obj, defaults)

@@ -6,19 +6,25 @@
   model and device (see `execution_parameters`).
 - `POST /invocations`: JSON Lines, JSON, text or single-column CSV in; JSON Lines out, exactly one
   line per input line in input order, streamed window by window. Bad records get error lines;
-  only an unreadable body is a 4xx; a body over SAGEMAKER_MAX_PAYLOAD_IN_MB is a 413.
+  only an unreadable body is a 4xx; a body over SAGEMAKER_MAX_PAYLOAD_IN_MB is a 413, a bad
+  Content-Length a 400. With MaxPayloadInMB=0 (SageMaker's "unlimited": chunked transfer
+  encoding) line-based bodies are read and answered as they stream in.
 - SIGTERM: stop accepting, finish the requests in flight, exit.
 
-Memory per request: the payload (at most MaxPayloadInMB) plus one window of records (their token
-ids and results); the model sees micro-batches under the engine's token budget.
+Every record goes to vLLM's engine as soon as it is tokenised (engine.py); records of all requests
+in flight are batched together there. Memory per request: the payload plus one window of records.
+A client that disconnects has its remaining records aborted.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
+import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -27,30 +33,49 @@ from pathlib import Path
 
 import torch
 
-from .batcher import Batcher
-from .engine import Engine, EngineConfig, Job
+from .batcher import Batcher, TorchScorer
+from .engine import EngineConfig, Job, VllmEngine, error_result, prepare
 from .errors import SluiceError
-from .model import load_model, read_sluice_json
-from .records import TASKS, BadRecord, BodyError, Defaults, dumps, error_line, parse_body
+from .model import check_causal, ensure_pad_token, load_model, read_sluice_json
+from .records import (
+    PARAMETERS,
+    TASKS,
+    BadRecord,
+    BodyError,
+    Defaults,
+    dumps,
+    error_line,
+    parse_body,
+    parse_stream,
+)
 
 log = logging.getLogger("sluice.serve")
 WINDOW = 2048  # records tokenised and submitted together; bounds per-request memory
+# generation_config.json fields that are also record parameters (Hugging Face names)
+GENERATION_FIELDS = (
+    "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+)
 DRAIN_S = 25  # SageMaker sends SIGKILL 30 s after SIGTERM
 
 
-def execution_parameters(device: torch.device, task: str) -> dict:
+def execution_parameters(gpus: int, task: str) -> dict:
     """What this container asks Batch Transform for, unless the job sets its own values.
 
-    - MaxConcurrentTransforms: requests in flight per instance. The dynamic batcher merges them
-      into device batches and overlaps HTTP/JSON/tokenising with compute: 4 on a GPU; 2 on a CPU,
-      where the model already uses every core.
+    - MaxConcurrentTransforms: requests in flight per instance. vLLM batches the records of all of
+      them continuously, so more requests keep its batch full: 4 per GPU (the engine spans them
+      all, tensor parallel), up to 16; 2 on a CPU, where the model already uses every core.
     - MaxPayloadInMB: generation costs about max_new_tokens forward passes per record, scoring
       one, so a generation payload is kept at 1 MB (thousands of prompts) to stay well inside
       the invocation timeout; scoring and next-token take 6 MB. SageMaker requires
       MaxConcurrentTransforms x MaxPayloadInMB <= 100.
     """
-    concurrency = 4 if device.type == "cuda" else 2
-    payload = 1 if task == "generate" else 6
+    concurrency = min(16, 4 * gpus) if gpus else 2
+    payload = 1 if task in ("generate", "chat") else 6
     return {
         "MaxConcurrentTransforms": concurrency,
         "BatchStrategy": "MULTI_RECORD",
@@ -65,23 +90,64 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def pick_dtype(device: torch.device) -> torch.dtype:
     name = os.environ.get("SLUICE_DTYPE", "auto")
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if name not in DTYPES:
+        raise SluiceError(f"SLUICE_DTYPE={name!r}: choose auto or one of {list(DTYPES)}")
+    return DTYPES[name]
 
 
-def defaults_from(info: dict) -> Defaults:
-    """Task defaults: SLUICE_TASK / SLUICE_PARAMETERS over the model's sluice.json ones."""
+def generation_defaults(model_dir: Path) -> dict:
+    """The model's own generation settings (generation_config.json), as record parameters.
+
+    Hugging Face semantics: temperature/top-k/top-p apply only with do_sample=true, so do_sample
+    is always set from the file (false when absent). A value the server would refuse in a record
+    is skipped with a warning, not served.
+    """
+    from .records import _check_param
+
+    f = Path(model_dir) / "generation_config.json"
+    if not f.exists():
+        return {}
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        log.warning("generation_config.json ignored: %s", e)
+        return {}
+    out = {"do_sample": False}
+    for name in GENERATION_FIELDS:
+        if cfg.get(name) is None:
+            continue
+        try:
+            out[name] = _check_param("generate", name, cfg[name])
+        except ValueError as e:
+            log.warning("generation_config.json: %s; not applied", e)
+    if out.get("top_k") == 0 and "top_k" in cfg:
+        out.pop("top_k")
+    return out
+
+
+def defaults_from(info: dict, model_dir: Path | None = None) -> Defaults:
+    """Task defaults, lowest first: generation_config.json, sluice.json, SLUICE_PARAMETERS.
+
+    SLUICE_TASK (else sluice.json's task, else generate) is the task of records naming none.
+    """
     task = os.environ.get("SLUICE_TASK") or info.get("task") or "generate"
     if task not in TASKS:
         raise SluiceError(f"SLUICE_TASK={task!r}: choose one of {list(TASKS)}")
     params: dict[str, dict] = {}
+    gen = generation_defaults(model_dir) if model_dir is not None else {}
+    if gen:
+        params["generate"] = gen
     if "max_new_tokens" in info:
-        params["generate"] = {"max_new_tokens": int(info["max_new_tokens"])}
+        params.setdefault("generate", {})["max_new_tokens"] = int(info["max_new_tokens"])
     env = os.environ.get("SLUICE_PARAMETERS")
     if env:
         try:
@@ -91,12 +157,16 @@ def defaults_from(info: dict) -> Defaults:
         # either {"generate": {...}, "score": {...}} or one flat dict for the default task
         per_task = extra if set(extra) <= set(TASKS) else {task: extra}
         for t, p in per_task.items():
-            params.setdefault(t, {}).update(p)
+            params.setdefault("generate" if t == "chat" else t, {}).update(p)
+    for t, p in params.items():  # a bad default fails at start-up, not on every record
+        unknown = set(p) - set(PARAMETERS[t]) - {"truncation"}
+        if unknown:
+            raise SluiceError(f"default parameters for {t}: unknown {sorted(unknown)}")
     return Defaults(task, params)
 
 
 class State:
-    """What the handlers share: the model once loaded, limits, and the in-flight count."""
+    """What the handlers share: the engine once loaded, limits, and the in-flight count."""
 
     def __init__(self, model_dir: Path):
         self.model_dir = model_dir
@@ -104,35 +174,95 @@ class State:
         self.draining = False
         self.in_flight = 0
         self.lock = threading.Lock()
+        # SageMaker's MaxPayloadInMB; 0 is its "unlimited" (chunked transfer encoding)
         self.max_payload = int(float(os.environ.get("SAGEMAKER_MAX_PAYLOAD_IN_MB", "6")) * 2**20)
         batch = os.environ.get("SAGEMAKER_BATCH", "").lower() == "true"
         # Batch Transform's InvocationsTimeoutInSeconds defaults to 600; endpoints allow 60
         default_budget = 540 if batch else 55
         self.budget_s = float(os.environ.get("SLUICE_INVOCATION_TIMEOUT", default_budget))
         self.device = pick_device()
-        self.engine: Engine | None = None
-        self.batcher: Batcher | None = None
+        self.gpus = torch.cuda.device_count() if self.device.type == "cuda" else 0
+        self.engine: VllmEngine | None = None
+        self.scorer: Batcher | None = None  # torch scoring (CPU default), loaded on first use
+        self._scorer_lock = threading.Lock()
+        self.tok = None
+        self.context = 0
+        self.config = EngineConfig()
         self.defaults = Defaults()
 
     def load(self) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
         t0 = time.perf_counter()
+        check_causal(self.model_dir)
         dtype = pick_dtype(self.device)
-        model, tok = load_model(self.model_dir, dtype=dtype)
-        model.to(self.device)
+        try:
+            self.tok = AutoTokenizer.from_pretrained(self.model_dir)
+        except (OSError, ValueError) as e:
+            raise SluiceError(f"{self.model_dir}: cannot load the tokenizer ({e})") from None
+        ensure_pad_token(self.tok)
+        self.context = context_of(AutoConfig.from_pretrained(self.model_dir))
         info = read_sluice_json(self.model_dir).get("task_defaults", {})
-        self.defaults = defaults_from(info)
-        self.engine = Engine(model, tok, EngineConfig.from_env(self.device, info))
-        wait_ms = float(os.environ.get("SLUICE_BATCH_WAIT_MS", "5"))
-        self.batcher = Batcher(self.engine, max_wait_s=wait_ms / 1000)
+        self.defaults = defaults_from(info, self.model_dir)
+        self.config = EngineConfig.from_env(self.gpus > 0, self.defaults.params.get("generate"))
+        self.engine = VllmEngine(
+            self.model_dir, self.tok, self.context, str(dtype).split(".")[-1], self.config
+        )
+        self.score_engine = os.environ.get("SLUICE_SCORE_ENGINE") or (
+            "vllm" if self.gpus else "torch"
+        )
+        if self.score_engine == "torch" and self.defaults.task == "score":
+            self.torch_scorer()
         self.ready.set()
         log.info(
-            "model %s loaded on %s (%s) in %.1f s; default task %s",
+            "model %s ready on %s (%s) in %.1f s; default task %s; scoring with %s",
             self.model_dir,
             self.device,
             dtype,
             time.perf_counter() - t0,
             self.defaults.task,
+            self.score_engine,
         )
+
+    def torch_scorer(self) -> Batcher:
+        """The Hugging Face model for torch scoring, loaded once, on first use."""
+        with self._scorer_lock:
+            if self.scorer is None:
+                model, tok = load_model(self.model_dir, dtype=pick_dtype(self.device))
+                model.to(self.device)
+                wait_ms = float(os.environ.get("SLUICE_BATCH_WAIT_MS", "5"))
+                scorer = TorchScorer(model, tok, self.context, self.config)
+                self.scorer = Batcher(scorer, max_wait_s=wait_ms / 1000)
+            return self.scorer
+
+    def submit(self, jobs: list[Job]) -> list[concurrent.futures.Future]:
+        """Start every job; one future per job (torch scoring: one shared by its batch)."""
+        futures: list[concurrent.futures.Future] = []
+        by_torch = [j for j in jobs if j.record.task == "score" and self.score_engine == "torch"]
+        shared = self.torch_scorer().submit(by_torch) if by_torch else None
+        for j in jobs:
+            if shared is not None and j.record.task == "score":
+                futures.append(shared)
+            else:
+                futures.append(self.engine.submit(j))
+        return futures
+
+    def close(self) -> None:
+        if self.scorer is not None:
+            self.scorer.close()
+        if self.engine is not None:
+            self.engine.close()
+
+
+def context_of(config) -> int:
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    return 2048
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was complete."""
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -167,8 +297,7 @@ class Handler(BaseHTTPRequestHandler):
                     503, b"loading" if not self.state.draining else b"stopping", "text/plain"
                 )
         elif self.path == "/execution-parameters":
-            task = self.state.defaults.task
-            params = execution_parameters(self.state.device, task)
+            params = execution_parameters(self.state.gpus, self.state.defaults.task)
             self._send(200, json.dumps(params).encode())
         else:
             self._error(404, f"no such path {self.path}; use /ping or /invocations")
@@ -184,34 +313,77 @@ class Handler(BaseHTTPRequestHandler):
         if not st.ready.wait(timeout=st.budget_s):
             self._error(503, "the model is still loading")
             return
-        length = self.headers.get("Content-Length")
-        if length is None:
-            self._error(411, "send a Content-Length header")
-            return
-        if int(length) > st.max_payload:
-            self._error(
-                413,
-                f"payload of {int(length)} bytes is over SAGEMAKER_MAX_PAYLOAD_IN_MB "
-                f"({st.max_payload // 2**20} MB): lower MaxPayloadInMB or split the input",
-            )
+        body = self._read_body()
+        if body is None:
             return
         with st.lock:
             st.in_flight += 1
         try:
-            self._invoke(self.rfile.read(int(length)))
+            self._invoke(body)
+        except (ClientGone, BrokenPipeError, ConnectionResetError):
+            log.warning("client went away: its remaining records were aborted")
+            self.close_connection = True
         finally:
             with st.lock:
                 st.in_flight -= 1
 
-    def _invoke(self, body: bytes) -> None:
+    def _read_body(self) -> bytes | list[bytes] | None:
+        """The body, or its chunks as they come (unlimited chunked), or None once refused."""
+        st = self.state
+        chunked = "chunked" in (self.headers.get("Transfer-Encoding") or "").lower()
+        length = self.headers.get("Content-Length")
+        if chunked:
+            chunks = read_chunks(self.rfile)
+            if st.max_payload == 0:
+                return chunks  # streamed: records are answered while the body arrives
+            body, size = bytearray(), 0
+            try:
+                for c in chunks:
+                    size += len(c)
+                    if size > st.max_payload:
+                        self._too_large(size)
+                        return None
+                    body += c
+            except BodyError as e:
+                self._error(e.status, str(e))
+                return None
+            return bytes(body)
+        if length is None:
+            self._error(411, "send a Content-Length header (or Transfer-Encoding: chunked)")
+            return None
+        if not length.strip().isdigit():
+            self._error(400, f"Content-Length {length!r} is not a byte count")
+            return None
+        if st.max_payload and int(length) > st.max_payload:
+            self._too_large(int(length))
+            return None
+        body = self.rfile.read(int(length))
+        if len(body) < int(length):
+            self._error(400, f"the body ended after {len(body)} of {int(length)} bytes")
+            return None
+        return body
+
+    def _too_large(self, size: int) -> None:
+        self._error(
+            413,
+            f"payload of {size} bytes is over SAGEMAKER_MAX_PAYLOAD_IN_MB "
+            f"({self.state.max_payload // 2**20} MB): lower MaxPayloadInMB or split the input",
+        )
+
+    def _invoke(self, body: bytes | object) -> None:
         st = self.state
         t0 = time.monotonic()
         deadline = t0 + st.budget_s
+        ctype = self.headers.get("Content-Type")
         try:
-            records = parse_body(body, self.headers.get("Content-Type"), st.defaults)
+            if isinstance(body, bytes):
+                records = parse_body(body, ctype, st.defaults)
+            else:
+                records = parse_stream(body, ctype, st.defaults)
         except BodyError as e:
             self._error(e.status, str(e))
             return
+        self.streaming = not isinstance(body, bytes)
         as_array = (self.headers.get("Accept") or "").split(";")[0].strip() == "application/json"
         self.send_response(200)
         self.send_header(
@@ -223,34 +395,45 @@ class Handler(BaseHTTPRequestHandler):
         if as_array:
             self._chunk(b"[")
         pending = None
-        for window in _windows(records, WINDOW):
-            prepared = st.engine.prepare(
-                [r for r in window if not isinstance(r, BadRecord)], deadline
-            )
-            slots, jobs, it = [], [], iter(prepared)
-            for r in window:
-                if isinstance(r, BadRecord):
-                    slots.append(error_line(r))
-                else:
-                    p = next(it)
-                    slots.append(p)
-                    if isinstance(p, Job):
-                        jobs.append(p)
-            fut = st.batcher.submit(jobs)  # tokenise the next window while this one runs
+        try:
+            for window in _windows(records, WINDOW):
+                good = [r for r in window if not isinstance(r, BadRecord)]
+                prepared = iter(prepare(st.tok, st.context, st.config, good, deadline))
+                slots = [
+                    error_line(r) if isinstance(r, BadRecord) else next(prepared) for r in window
+                ]
+                jobs = [x for x in slots if isinstance(x, Job)]
+                futures = dict(zip(map(id, jobs), st.submit(jobs), strict=True))
+                # the next window is parsed and tokenised while this one runs
+                if pending is not None:
+                    first = self._flush(*pending, first, as_array)
+                pending = (slots, futures)
+                n += len(window)
             if pending is not None:
                 first = self._flush(*pending, first, as_array)
-            pending = (slots, fut)
-            n += len(window)
-        if pending is not None:
-            self._flush(*pending, first, as_array)
+                pending = None
+        except BodyError as e:  # a streamed body broke off mid-way: what was read is answered
+            log.warning("body stream broke off after %d records: %s", n, e)
+        finally:
+            if pending is not None:
+                for f in pending[1].values():
+                    f.cancel()
         if as_array:
             self._chunk(b"]")
         self._chunk(b"")
         log.info("invocation: %d records in %.2f s", n, time.monotonic() - t0)
 
-    def _flush(self, slots, fut, first: bool, as_array: bool) -> bool:
-        fut.result()
-        lines = [dumps(s.result if isinstance(s, Job) else s) for s in slots]
+    def _flush(self, slots, futures, first: bool, as_array: bool) -> bool:
+        lines = []
+        try:
+            for s in slots:
+                if isinstance(s, Job):
+                    self._wait(futures[id(s)])
+                lines.append(_line(s))
+        except ClientGone:
+            for f in futures.values():
+                f.cancel()
+            raise
         if not lines:
             return first
         sep = "," if as_array else "\n"
@@ -258,8 +441,58 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk(((sep if not first else "") + text).encode())
         return False
 
+    def _wait(self, fut: concurrent.futures.Future) -> None:
+        """Wait for one record, noticing meanwhile if the client has gone away."""
+        while True:
+            try:
+                fut.result(timeout=1.0)
+                return
+            except concurrent.futures.TimeoutError:
+                if not self.streaming and client_gone(self.connection):
+                    raise ClientGone from None
+
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+
+
+def _line(slot) -> str:
+    """One output line; a result that cannot be written as JSON becomes that record's error."""
+    result = slot.result if isinstance(slot, Job) else slot
+    try:
+        return dumps(result)
+    except (ValueError, TypeError) as e:
+        rec = slot.record if isinstance(slot, Job) else None
+        err = {"error": {"code": "internal_error", "message": f"unwritable result: {e}"}}
+        return dumps(error_result(rec, "internal_error", str(e)) if rec else err)
+
+
+def client_gone(sock: socket.socket) -> bool:
+    """True when the peer has closed its end (readable with nothing to read)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def read_chunks(rfile):
+    """The chunks of a chunked request body (RFC 9112 7.1); BodyError on a malformed one."""
+    while True:
+        line = rfile.readline(1024)
+        size_text = line.split(b";")[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise BodyError(400, f"malformed chunk size {size_text[:20]!r}") from None
+        if size == 0:
+            while rfile.readline(1024) not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return
+        data = rfile.read(size)
+        if len(data) < size:
+            raise BodyError(400, "the body ended inside a chunk")
+        rfile.readline(8)  # the chunk's CRLF
+        yield data
 
 
 def _windows(records, size: int):
@@ -306,7 +539,7 @@ def serve(model_dir: Path, port: int | None = None, host: str = "0.0.0.0") -> in
     t0 = time.monotonic()
     while state.in_flight and time.monotonic() - t0 < DRAIN_S:
         time.sleep(0.05)
-    state.batcher.close()
+    state.close()
     log.info("stopped (%d left in flight)", state.in_flight)
     sys.stdout.flush()
     return 0

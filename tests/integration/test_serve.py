@@ -2,100 +2,21 @@
 
 from __future__ import annotations
 
-import http.client
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from sluice_local.corpus import generate
+from tests.helpers import Server
 
-# With SLUICE_TOKEN_BUDGET=64 every record is its own micro-batch: seconds of work on 2 cores.
-SLOW = {"SLUICE_TOKEN_BUDGET": "64"}
+# Seconds of work for vLLM on 2 cores (at least 40 new tokens each: eos is never reached early)
 LONG_BATCH = [
-    {"id": i, "text": t, "parameters": {"max_new_tokens": 40}}
-    for i, t in enumerate(generate(2500, seed=11))
+    {"id": i, "text": t, "parameters": {"max_new_tokens": 60, "stop": ["\u2603"]}}
+    for i, t in enumerate(generate(800, seed=11))
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, model_dir, **env):
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sluice.cli",
-                "serve",
-                "--model-dir",
-                str(model_dir),
-                "--host",
-                "127.0.0.1",
-            ],
-            env={
-                **os.environ,
-                "SAGEMAKER_BIND_TO_PORT": str(self.port),
-                "PYTHONUNBUFFERED": "1",
-                **env,
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.log: list[str] = []
-        threading.Thread(target=self._drain, daemon=True).start()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 120:
-            try:
-                if self.get("/ping")[0] == 200:
-                    return
-            except OSError:
-                pass
-            assert self.proc.poll() is None, "".join(self.log)
-            time.sleep(0.1)
-        raise AssertionError("server did not become ready:\n" + "".join(self.log))
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self.log.append(line)
-
-    def conn(self, timeout=300) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def get(self, path):
-        c = self.conn(timeout=5)
-        c.request("GET", path)
-        r = c.getresponse()
-        return r.status, r.read()
-
-    def post(self, body: bytes | str, ctype="application/jsonlines", accept=None):
-        c = self.conn()
-        headers = {"Content-Type": ctype, **({"Accept": accept} if accept else {})}
-        c.request("POST", "/invocations", body=body, headers=headers)
-        r = c.getresponse()
-        return r.status, r.read().decode(), dict(r.getheaders())
-
-    def lines(self, records: list[dict]) -> list[dict]:
-        status, text, _ = self.post("\n".join(json.dumps(r) for r in records))
-        assert status == 200, text
-        return [json.loads(line) for line in text.split("\n")]
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -226,14 +147,10 @@ def test_unreadable_bodies_are_4xx_with_what_to_send(server, body, ctype, status
     assert hint in json.loads(text)["error"]["message"]
 
 
-def test_payload_over_the_limit_is_413(trained):
-    s = Server(trained["model"], SAGEMAKER_MAX_PAYLOAD_IN_MB="1")
-    try:
-        status, text, _ = s.post(("The cat\n" * 140_000).encode(), "text/plain")
-        assert status == 413 and "MaxPayloadInMB" in text
-        assert s.post("The cat", "text/plain")[0] == 200
-    finally:
-        s.stop()
+def test_payload_over_the_limit_is_413(server):
+    status, text, _ = server.post(("The cat\n" * 900_000).encode(), "text/plain")
+    assert status == 413 and "MaxPayloadInMB" in text
+    assert server.post("The cat", "text/plain")[0] == 200
 
 
 def long_request(server: Server) -> tuple[threading.Thread, dict]:
@@ -244,8 +161,7 @@ def long_request(server: Server) -> tuple[threading.Thread, dict]:
     return t, result
 
 
-def test_ping_answers_during_a_long_request(trained):
-    server = Server(trained["model"], **SLOW)
+def test_ping_answers_during_a_long_request(server):
     t, result = long_request(server)
     time.sleep(0.2)
     pings = []
@@ -257,7 +173,6 @@ def test_ping_answers_during_a_long_request(trained):
     assert pings, "the long request finished before any ping was sent"
     assert max(pings) < 2.0  # SageMaker's ping deadline
     assert len(result["resp"]) == len(LONG_BATCH)
-    server.stop()
 
 
 def test_greedy_output_is_the_same_alone_or_in_a_batch_of_500(server):
@@ -320,7 +235,7 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_lines(server):
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits(trained):
-    s = Server(trained["model"], **SLOW)
+    s = Server(trained["model"])
     t, result = long_request(s)
     time.sleep(1.0)
     s.proc.send_signal(signal.SIGTERM)

@@ -142,6 +142,8 @@ def test_a_failing_file_gets_no_output_and_fails_the_job(trained, tmp_path):
     src.mkdir()
     (src / "good.jsonl").write_text('{"text": "The cat"}\n')
     (src / "bad.jsonl").write_bytes('{"text": "x"}\n'.encode("utf-16"))  # unreadable: a 400
+    # one bad line (NaN is not JSON) is that line's error, never its file's or the job's
+    (src / "nan.jsonl").write_text('{"id": NaN, "text": "a"}\n{"id": 2, "text": "The dog"}\n')
     out = tmp_path / "out"
     proc = run_local(
         "transform",
@@ -158,6 +160,8 @@ def test_a_failing_file_gets_no_output_and_fails_the_job(trained, tmp_path):
     assert summary["TransformJobStatus"] == "Failed"
     assert "bad.jsonl" in summary["FailureReason"] and "UTF-16" in summary["FailureReason"]
     assert (out / "good.jsonl.out").exists() and not (out / "bad.jsonl.out").exists()
+    nan = [json.loads(x) for x in (out / "nan.jsonl.out").read_text().splitlines()]
+    assert nan[0]["error"]["code"] == "invalid_json" and nan[1]["id"] == 2
 
 
 def test_gzip_inputs_and_batch_capture_manifests(trained, s3_endpoint, tmp_path):

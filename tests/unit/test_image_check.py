@@ -36,6 +36,8 @@ def test_only_the_cuda_index_is_replaced():
     assert image_check.cpu_variant(cuda) == "pip install torch==2.13.0"
     other = "pip install -c constraints.txt --index-url https://example.org/simple ./container"
     assert image_check.cpu_variant(other) == other
+    gpu = "pip install -c constraints.txt './container[gpu]'"
+    assert image_check.cpu_variant(gpu) == "pip install -c constraints.txt './container[cpu]'"
 
 
 def test_dockerignore_patterns(tmp_path):

@@ -1,0 +1,292 @@
+"""`sluice serve` with a model's own settings, chat, vLLM scoring, and a hardened HTTP edge.
+
+One server on a copy of the trained model that carries a generation_config.json and a chat
+template, with MaxPayloadInMB=0 (chunked, unlimited), scoring through vLLM, and a short invocation
+budget. The property test throws thousands of generated bodies at the real server.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sluice.records import split_lines
+from tests.helpers import FIGURES, Server
+
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+GENERATION_CONFIG = {"max_new_tokens": 3, "do_sample": False, "repetition_penalty": 1.3}
+BUDGET_S = 8
+
+
+@pytest.fixture(scope="module")
+def model(trained, tmp_path_factory):
+    d = tmp_path_factory.mktemp("configured") / "model"
+    shutil.copytree(trained["model"], d)
+    cfg = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps({**cfg, **GENERATION_CONFIG}))
+    tok = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**tok, "chat_template": TEMPLATE}))
+    # sluice.json's own max_new_tokens would win over generation_config.json's
+    info = json.loads((d / "sluice.json").read_text())
+    info["task_defaults"].pop("max_new_tokens", None)
+    (d / "sluice.json").write_text(json.dumps(info))
+    return d
+
+
+@pytest.fixture(scope="module")
+def configured(model):
+    s = Server(
+        model,
+        SAGEMAKER_MAX_PAYLOAD_IN_MB="0",
+        SLUICE_SCORE_ENGINE="vllm",
+        SLUICE_INVOCATION_TIMEOUT=str(BUDGET_S),
+    )
+    yield s
+    s.stop()
+    if SEEN["bodies"]:
+        FIGURES.append(
+            f"serve property test: {SEEN['bodies']} generated bodies "
+            f"({SEEN['lines']} lines), no 5xx, no hang, one output line per input line"
+        )
+
+
+@pytest.fixture(scope="module")
+def plain(trained):
+    s = Server(trained["model"])
+    yield s
+    s.stop()
+
+
+def test_generation_config_defaults_apply_and_records_override(configured, plain):
+    prompt = "The lazy cat eats"
+    (default,) = configured.lines([{"text": prompt}])
+    assert default["tokens"] <= 3
+    # the same settings sent by hand to a server of the model without the file
+    (by_hand,) = plain.lines(
+        [{"text": prompt, "parameters": {"max_new_tokens": 3, "repetition_penalty": 1.3}}]
+    )
+    assert default["generated_text"] == by_hand["generated_text"]
+    (longer,) = configured.lines(
+        [{"text": prompt, "parameters": {"max_new_tokens": 12, "stop": ["\u2603"]}}]
+    )
+    assert longer["tokens"] > 3 or longer["finish_reason"] == "eos"
+
+
+def test_chat_messages_use_the_chat_template(configured, plain):
+    messages = [{"role": "user", "content": "Where does the river go"}]
+    chat, as_text = configured.lines(
+        [
+            {"id": "c", "messages": messages, "parameters": {"max_new_tokens": 6}},
+            {
+                "id": "t",
+                "text": "user: Where does the river go\nassistant:",
+                "parameters": {"max_new_tokens": 6},
+            },
+        ]
+    )
+    assert chat["task"] == "chat" and chat["id"] == "c"
+    assert chat["generated_text"] == as_text["generated_text"]
+    # a model without a chat template: that record's error line, not the request
+    no_template, ok = plain.lines([{"messages": messages}, {"text": "The cat"}])
+    assert no_template["error"]["code"] == "no_chat_template"
+    assert "generated_text" in ok
+
+
+def test_vllm_scoring_matches_torch_scoring(configured, plain):
+    texts = ["The cat sleeps by the river.", "In the desert " * 60]  # the second needs windows
+    records = [{"text": t, "task": "score", "parameters": {"per_token": True}} for t in texts]
+    by_vllm, by_torch = configured.lines(records), plain.lines(records)
+    for v, t in zip(by_vllm, by_torch, strict=True):
+        assert v["tokens"] == t["tokens"] == len(v["token_logprobs"])
+    assert by_vllm[0]["logprob"] == pytest.approx(by_torch[0]["logprob"], rel=1e-4, abs=1e-3)
+    # windows one token shorter in vLLM (it wants room for an output token): close, not equal
+    assert by_vllm[1]["logprob"] == pytest.approx(by_torch[1]["logprob"], rel=0.05)
+
+
+def chunked(server: Server, pieces: list[bytes], ctype="application/jsonlines"):
+    c = server.conn()
+    c.request(
+        "POST",
+        "/invocations",
+        body=iter(pieces),
+        headers={"Content-Type": ctype},
+        encode_chunked=True,
+    )
+    r = c.getresponse()
+    return r.status, r.read().decode()
+
+
+def test_unlimited_payload_streams_chunked_bodies(configured, plain):
+    lines = [json.dumps({"id": i, "text": f"The cat number {i}"}).encode() for i in range(300)]
+    body = b"\n".join(lines)
+    pieces = [body[i : i + 777] for i in range(0, len(body), 777)]  # chunks split mid-line
+    status, text = chunked(configured, pieces)
+    assert status == 200
+    assert [json.loads(x)["id"] for x in text.split("\n")] == list(range(300))
+    # with a limit, a chunked body is read whole and held to it
+    status, text = chunked(plain, [b'{"text": "a"}\n' * 100_000] * 5)
+    assert status == 413
+
+
+def test_deadline_aborts_what_is_left_and_answers_every_line(configured):
+    records = [
+        {
+            "id": i,
+            "text": f"The cat {i}",
+            "parameters": {"max_new_tokens": 50, "temperature": 1.0, "num_return_sequences": 16},
+        }
+        for i in range(3000)
+    ]
+    t0 = time.monotonic()
+    out = configured.lines(records)
+    took = time.monotonic() - t0
+    codes = {o.get("error", {}).get("code") for o in out}
+    assert len(out) == 3000 and [o["id"] for o in out] == list(range(3000))
+    assert "deadline_exceeded" in codes
+    assert took < BUDGET_S + 30
+    assert configured.lines([{"text": "still serving"}])[0]["generated_text"] is not None
+
+
+def test_client_that_disconnects_has_its_records_aborted(plain):
+    body = "\n".join(
+        json.dumps(
+            {
+                "text": f"The horse {i}",
+                "parameters": {
+                    "max_new_tokens": 50,
+                    "temperature": 1.0,
+                    "num_return_sequences": 16,
+                },
+            }
+        )
+        for i in range(3000)
+    ).encode()
+    s = socket.create_connection(("127.0.0.1", plain.port))
+    s.sendall(
+        b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/jsonlines\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    time.sleep(1.0)
+    s.close()
+    t0 = time.monotonic()
+    while not any("client went away" in line for line in plain.log):
+        assert time.monotonic() - t0 < 30, "".join(plain.log[-20:])
+        time.sleep(0.2)
+    assert plain.lines([{"text": "still serving"}])[0]["generated_text"] is not None
+
+
+@pytest.mark.parametrize(
+    "head, status",
+    [
+        (b"Content-Length: ten", 400),
+        (b"Content-Length: -5", 400),
+        (b"Content-Length: 99999999999999999999", 413),
+        (b"Transfer-Encoding: chunked", 400),  # followed by a malformed chunk size
+    ],
+)
+def test_bad_framing_is_a_4xx_at_once(plain, head, status):
+    s = socket.create_connection(("127.0.0.1", plain.port), timeout=10)
+    s.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n\r\nzz\r\n")
+    reply = s.recv(4096)
+    s.close()
+    assert reply.startswith(b"HTTP/1.1 %d" % status), reply[:200]
+
+
+def test_nan_bom_and_unwritable_ids_are_one_records_error(plain):
+    body = (
+        b"\xef\xbb\xbf"
+        + b'{"id": 1, "text": "The cat"}\n'
+        + b'{"id": NaN, "text": "x"}\n'
+        + b'{"id": 1e999, "text": "x"}\n'
+        + b'{"id": "\\ud800", "text": "x"}\n'
+        + b'{"id": 5, "text": "x", "parameters": {"temperature": Infinity}}\n'
+        + b'{"id": 6, "text": "The dog"}'
+    )
+    status, text, _ = plain.post(body)
+    assert status == 200
+    out = [json.loads(x) for x in text.split("\n")]
+    assert [o.get("error", {}).get("code") for o in out] == [
+        None,
+        "invalid_json",
+        "invalid_id",
+        "invalid_id",
+        "invalid_json",
+        None,
+    ]
+    assert out[0]["id"] == 1 and out[5]["id"] == 6
+
+
+# --- property: any body, no 5xx, no hang, a valid document, one line per input line ----------
+
+record = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats()),
+        "text": st.one_of(st.text(max_size=20), st.integers(), st.none()),
+        "task": st.sampled_from(["generate", "score", "next_token", "chat", "nope"]),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "system"]), "content": st.text(max_size=10)}
+            ),
+            max_size=2,
+        ),
+        "parameters": st.dictionaries(
+            st.sampled_from(
+                [
+                    "max_new_tokens",
+                    "temperature",
+                    "top_k",
+                    "seed",
+                    "stop",
+                    "per_token",
+                    "repetition_penalty",
+                    "bogus",
+                ]
+            ),
+            st.one_of(st.integers(-3, 5), st.floats(), st.booleans(), st.text(max_size=3)),
+            max_size=2,
+        ),
+    },
+)
+line = st.one_of(
+    record.map(lambda r: json.dumps(r).encode()),  # json.dumps writes NaN/Infinity for floats
+    st.binary(max_size=30),
+    st.text(max_size=30).map(str.encode),
+    st.just(b'{"text": "a", "id": 1e999}'),
+)
+body_strategy = st.tuples(
+    st.booleans(), st.lists(line, max_size=6), st.sampled_from([b"\n", b"\r\n"]), st.booleans()
+).map(lambda t: (b"\xef\xbb\xbf" if t[0] else b"") + t[2].join(t[1]) + (t[2] if t[3] else b""))
+CTYPES = ["application/jsonlines", "text/plain", "text/csv", "application/json", "text/xml"]
+CASES = 3000
+SEEN = {"bodies": 0, "lines": 0}
+
+
+def strict(text: str):
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the output"))
+
+
+@settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=body_strategy, ctype=st.sampled_from(CTYPES))
+def test_any_body_is_answered_line_for_line(configured, body, ctype):
+    status, text, _ = configured.post(body, ctype)
+    SEEN["bodies"] += 1
+    assert status < 500, text
+    if status != 200:
+        assert strict(text)["error"]["message"]
+        return
+    out = text.split("\n") if text else []
+    if ctype != "application/json":
+        assert len(out) == len(list(split_lines(body.removeprefix(b"\xef\xbb\xbf"))))
+    SEEN["lines"] += len(out)
+    for x in out:
+        strict(x)
