@@ -207,6 +207,32 @@ def vllm_score(llm, seqs):
     ]
 
 
+def plain_next_token(model, tok, seqs, k=5, batch=64):
+    """Top-k next tokens from batched left-padded forwards (what `serve` did before vLLM)."""
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(seqs), batch):
+            chunk = seqs[s : s + batch]
+            longest = max(map(len, chunk))
+            x = torch.tensor([[tok.pad_token_id] * (longest - len(q)) + q for q in chunk])
+            m = torch.tensor([[0] * (longest - len(q)) + [1] * len(q) for q in chunk])
+            pos = (m.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=x, attention_mask=m, position_ids=pos).logits[:, -1]
+            out += torch.topk(logits.float().softmax(-1), k).indices.tolist()
+    return out
+
+
+def vllm_next_token(llm, seqs, k=5):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=1, temperature=0, logprobs=k)
+    outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+    return [
+        [i for i, _ in sorted(o.outputs[0].logprobs[0].items(), key=lambda kv: kv[1].rank)][:k]
+        for o in outs
+    ]
+
+
 def score_one(model, ids: list[int]) -> float:
     x = torch.tensor([ids])
     logp = model(input_ids=x).logits[0, :-1].log_softmax(-1)
@@ -300,6 +326,9 @@ def main() -> None:
         "vllm_gen": [],
         "legacy_gen": [],
         "plain_sc": [],
+        "plain_nt": [],
+        "vllm_nt": [],
+        "sluice_nt": [],
         "sluice_sc": [],
         "vllm_sc": [],
         "matmul": [],
@@ -315,6 +344,8 @@ def main() -> None:
             for i, t in enumerate(gen_texts)
         ]
         sc_recs = [{"id": i, "text": t, "task": "score"} for i, t in enumerate(score_texts)]
+        nt_recs = [{"id": i, "text": t, "task": "next_token"} for i, t in enumerate(score_texts)]
+        nt_seqs = [s[1:] for s in seqs]  # the texts' own tokens, no BOS
         sluice_run(server, gen_recs[:8], 8, 1)  # warm-up: first-call allocations
         for _ in range(args.repeats):
             plain_gen, t = timed(plain_generate, model, tok, gen_texts)
@@ -327,6 +358,12 @@ def main() -> None:
             runs["legacy_gen"].append(t)
             vllm_sc, t = timed(vllm_score, llm, seqs)
             runs["vllm_sc"].append(t)
+            plain_nt, t = timed(plain_next_token, model, tok, nt_seqs)
+            runs["plain_nt"].append(t)
+            vllm_nt, t = timed(vllm_next_token, llm, nt_seqs)
+            runs["vllm_nt"].append(t)
+            out_nt, t = timed(sluice_run, server, nt_recs, max(1, len(nt_recs) // conc), conc)
+            runs["sluice_nt"].append(t)
             plain_sc, t = timed(plain_score, model, seqs, tok.pad_token_id)
             runs["plain_sc"].append(t)
             out_sc, t = timed(sluice_run, server, sc_recs, max(1, len(sc_recs) // conc), conc)
@@ -383,7 +420,18 @@ def main() -> None:
         "max_abs_logprob_diff_plain_vs_baseline": close(plain_sc, base_sc),
         "sluice_flops": 2 * params * score_tokens / t_sl_sc,
     }
-    res.update(generate=gen, score=sc, execution_parameters=ep)
+    sl_nt = [[t["id"] for t in o["next_tokens"]] for o in out_nt]
+    nt = {
+        "plain_batching_s": med["plain_nt"],
+        "vllm_offline_s": med["vllm_nt"],
+        "sluice_s": med["sluice_nt"],
+        "records": args.score_records,
+        "same_top1_sluice_vs_plain": sum(a[0] == b[0] for a, b in zip(sl_nt, plain_nt, strict=True))
+        / len(sl_nt),
+        "same_top1_vllm_vs_plain": sum(a[0] == b[0] for a, b in zip(vllm_nt, plain_nt, strict=True))
+        / len(vllm_nt),
+    }
+    res.update(generate=gen, score=sc, next_token=nt, execution_parameters=ep)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
 
@@ -430,6 +478,14 @@ def main() -> None:
         f"Sluice score: {sc['sluice_flops'] / flops:.0%} of matmul FLOP/s; max |logprob diff| "
         f"vs per-record {sc['max_abs_logprob_diff_sluice_vs_baseline']:.2e}"
     )
+    print(f"{'next_token (top 5)':28}{'records/s':>11}")
+    for name, key in (
+        ("plain batching (64)", "plain_nt"),
+        ("vLLM offline (logprobs=5)", "vllm_nt"),
+        ("Sluice serve (HTTP, vLLM)", "sluice_nt"),
+    ):
+        print(f"{name:28}{args.score_records / med[key]:>11.1f}")
+    print(f"same top token, Sluice vs plain: {nt['same_top1_sluice_vs_plain']:.0%}")
 
 
 if __name__ == "__main__":

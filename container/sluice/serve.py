@@ -60,6 +60,7 @@ GENERATION_FIELDS = (
     "top_p",
     "repetition_penalty",
 )
+DISCARD_MAX = 256 * 2**20  # an over-limit body up to this size is read and dropped before the 413
 DRAIN_S = 25  # SageMaker sends SIGKILL 30 s after SIGTERM
 
 
@@ -355,6 +356,14 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, f"Content-Length {length!r} is not a byte count")
             return None
         if st.max_payload and int(length) > st.max_payload:
+            # read what a client is still sending (within reason), so it can read the 413 instead
+            # of a connection reset mid-upload
+            left = int(length) if int(length) <= DISCARD_MAX else 0
+            while left > 0:
+                got = len(self.rfile.read(min(left, 1 << 20)))
+                if not got:
+                    break
+                left -= got
             self._too_large(int(length))
             return None
         body = self.rfile.read(int(length))
