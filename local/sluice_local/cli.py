@@ -179,6 +179,13 @@ def _stack_args(
         help="samconfig.toml environment whose parameter_overrides apply",
     )
     p.add_argument(
+        "--durability",
+        choices=["acknowledged", "periodic"],
+        default="acknowledged",
+        help="acknowledged: a change is on disk before it is answered (survives kill -9); "
+        "periodic: snapshots every 10 s only (faster, a crash loses up to 10 s)",
+    )
+    p.add_argument(
         "--parameter-overrides",
         nargs="*",
         default=[],
@@ -197,6 +204,7 @@ def _stack(args):
         template=args.template or REPO / "template.yaml",
         overrides=parse_overrides(args.parameter_overrides),
         config_env=args.config_env,
+        durability=args.durability,
     )
 
 

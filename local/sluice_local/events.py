@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 
 from . import ACCOUNT, REGION
 from .deploy import EventSource, send_to
+from .outbox import Outbox
 
 
 def event(source: str, detail_type: str, detail: dict, resources: list[str] | None = None) -> dict:
@@ -44,20 +45,26 @@ def event(source: str, detail_type: str, detail: dict, resources: list[str] | No
 class Bus:
     """The default event bus: rules and targets as stored in (local) EventBridge."""
 
-    def __init__(self, client, functions, say):
+    def __init__(self, client, functions, say, outbox: Outbox | None = None):
         self.client, self.functions, self.say = client, functions, say
+        self.outbox = outbox  # an event put is kept on disk until it has been delivered
         self.queue: queue.Queue = queue.Queue()
         self.closed = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="eventbridge")
         self.thread.start()
 
     def put(self, evt: dict) -> None:
-        self.queue.put(evt)
+        oid = self.outbox.add({"kind": "event", "event": evt}) if self.outbox else None
+        self.queue.put((evt, oid))
+
+    def requeue(self, oid: str, evt: dict) -> None:
+        """An event accepted before a crash and not delivered: delivered now."""
+        self.queue.put((evt, oid))
 
     def _loop(self) -> None:
         while not self.closed.is_set():
             try:
-                evt = self.queue.get(timeout=0.5)
+                evt, oid = self.queue.get(timeout=0.5)
             except queue.Empty:
                 continue
             try:
@@ -65,6 +72,8 @@ class Bus:
             except Exception as e:  # one bad event must not stop the bus
                 self.say("event", f"{evt.get('detail-type')}: delivery failed: {e}")
             finally:
+                if self.outbox is not None and not self.closed.is_set():
+                    self.outbox.done(oid)
                 self.queue.task_done()
 
     def rules(self) -> list[dict]:

@@ -7,6 +7,8 @@ Requests go to moto's server application, except what the local stack answers it
 - EventBridge PutEvents (the local bus, which runs Lambda and Step Functions targets);
 - `/_sluice/...`: the local stack's own status and on-demand schedules.
 SNS Publish and S3 writes pass through to moto and are written to the event log on the way.
+A request that changes moto's state is answered only once that change is on disk
+(durability.py): what the stack acknowledged survives `kill -9`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,38 @@ import traceback
 import uuid
 from urllib.parse import parse_qs, unquote
 
+from . import persist
 from .events import event
 from .sagemaker.shapes import ApiError
 
 RUNTIME = re.compile(r"^/endpoints/([^/]+)/invocations$")
 LAMBDA_INVOKE = re.compile(r"^/2015-03-31/functions/([^/]+)/invocations$")
 LAMBDA_LIST = re.compile(r"^/2015-03-31/functions/?$")
+# operations that change nothing worth a snapshot (a received message only becomes invisible
+# for a while; a crash makes it visible again, as its consumer's death would on AWS)
+# query parameters of S3 requests that create or delete objects, never change existing ones
+S3_NEW = {"x-id", "uploadId", "partNumber", "uploads", "versionId", "delete"}
+READS = (
+    "Describe",
+    "List",
+    "Get",
+    "Receive",
+    "Head",
+    "Query",
+    "Scan",
+    "BatchGet",
+    "Lookup",
+    "Filter",
+    "Search",
+    "Test",
+    "Validate",
+    "Decrypt",
+    "Encrypt",
+    "GenerateDataKey",
+    "GenerateRandom",
+    "Sign",
+    "Verify",
+)
 
 
 def _service(environ: dict) -> str:
@@ -35,10 +63,30 @@ def _service(environ: dict) -> str:
 
 def _body(environ: dict) -> bytes:
     """Read the request body (and put it back for an application further down)."""
-    length = int(environ.get("CONTENT_LENGTH") or 0)
-    data = environ["wsgi.input"].read(length) if length else b""
+    length = environ.get("CONTENT_LENGTH")
+    if length:
+        data = environ["wsgi.input"].read(int(length))
+    elif environ.get("wsgi.input_terminated"):  # chunked: the server ends the stream
+        data = environ["wsgi.input"].read()
+    else:
+        return b""
     environ["wsgi.input"] = io.BytesIO(data)
     return data
+
+
+def changes_state(environ: dict, body: bytes) -> bool:
+    """Whether a request to moto may change its state: by operation name (JSON and query
+    protocols), else by HTTP method (S3 and the REST protocols)."""
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    op = target.rsplit(".", 1)[-1] if target else ""
+    if not op and _service(environ) != "s3":
+        form = parse_qs(environ.get("QUERY_STRING", ""))
+        if not form.get("Action") and "form-urlencoded" in environ.get("CONTENT_TYPE", ""):
+            form = parse_qs(body.decode(errors="replace"))
+        op = (form.get("Action") or [""])[0]
+    if op:
+        return not op.startswith(READS)
+    return environ["REQUEST_METHOD"] not in ("GET", "HEAD", "OPTIONS")
 
 
 def _json(
@@ -117,7 +165,21 @@ class Gateway:
                 or (method == "POST" and "uploadId=" in query)
             ):
                 self.stack.say("s3", f"{method} s3:/{unquote(path)}")
-        return self.moto(environ, start_response)
+        return self.to_moto(environ, start_response)
+
+    def to_moto(self, environ, start_response):
+        """moto's answer; for a change, only once the change is on disk."""
+        durability = self.stack.durability
+        body = _body(environ)  # read before the change holds off snapshots
+        if durability is None or not changes_state(environ, body):
+            return self.moto(environ, start_response)
+        service = _service(environ)
+        with durability.applying(service):
+            out = list(self.moto(environ, start_response))
+            if service == "s3" and set(parse_qs(environ.get("QUERY_STRING", ""), True)) - S3_NEW:
+                persist.objects_changed()  # tags, ACL, retention...: metadata pickled again
+        durability.commit()
+        return out
 
     # --- local answers --------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from . import REGION
 from .deploy import FunctionSpec, send_to
+from .outbox import Outbox
 
 ASYNC_RETRY_DELAYS_S = (5, 10)  # Lambda retries async errors twice (after ~1 and ~2 minutes)
 
@@ -79,13 +80,20 @@ class Result:
 
 class Functions:
     def __init__(
-        self, specs: dict[str, FunctionSpec], base_env: dict[str, str], log_dir: Path, say, client
+        self,
+        specs: dict[str, FunctionSpec],
+        base_env: dict[str, str],
+        log_dir: Path,
+        say,
+        client,
+        outbox: Outbox | None = None,
     ):
         self.specs = specs
         self.base_env = base_env
         self.log_dir = log_dir
         self.say = say
         self.client = client  # (service) -> boto3 client on the local endpoint
+        self.outbox = outbox  # asynchronous invocations on disk until they are done
         self.handlers: dict[str, object] = {}
         self.providers: dict[str, dict] = {}  # each function's Powertools Parameters providers
         self.lock = threading.Lock()
@@ -216,32 +224,40 @@ class Functions:
     # --- asynchronous invocation ----------------------------------------------------------------
 
     def invoke_async(self, name: str, event: object, source: str = "") -> None:
-        """InvocationType Event: queued, retried twice on error, then the dead-letter queue."""
+        """InvocationType Event: queued (on disk, with an outbox), retried twice on error, then
+        the dead-letter queue."""
         self.spec(name)  # unknown functions fail at once, as Lambda's Invoke does
-        self.queue.put((name, event, source, 0, 0.0))
+        item = {"kind": "invoke", "function": name, "event": event, "source": source}
+        oid = self.outbox.add(item) if self.outbox else None
+        self.queue.put((name, event, source, 0, 0.0, oid))
+
+    def requeue(self, oid: str, item: dict) -> None:
+        """An invocation accepted before a crash and not finished: run now."""
+        self.queue.put((item["function"], item["event"], item["source"], 0, 0.0, oid))
 
     def _async_loop(self) -> None:
         while not self.closed.is_set():
             try:
-                name, event, source, attempt, not_before = self.queue.get(timeout=0.5)
+                name, event, source, attempt, not_before, oid = self.queue.get(timeout=0.5)
             except queue.Empty:
                 continue
             if time.monotonic() < not_before:
-                self.queue.put((name, event, source, attempt, not_before))
+                self.queue.put((name, event, source, attempt, not_before, oid))
                 time.sleep(0.05)
                 continue
             result = self.invoke(name, event, source)
-            if result.error is None:
-                continue
-            if attempt < len(ASYNC_RETRY_DELAYS_S):
+            if result.error is not None and attempt < len(ASYNC_RETRY_DELAYS_S):
                 delay = ASYNC_RETRY_DELAYS_S[attempt]
-                self.queue.put((name, event, source, attempt + 1, time.monotonic() + delay))
+                self.queue.put((name, event, source, attempt + 1, time.monotonic() + delay, oid))
                 continue
-            spec = self.spec(name)
-            if spec.dead_letter_arn:
-                self._dead_letter(spec, event, result.error)
-            else:
-                self.say("lambda", f"{spec.name}: event dropped after 3 attempts (no DLQ)")
+            if result.error is not None:
+                spec = self.spec(name)
+                if spec.dead_letter_arn:
+                    self._dead_letter(spec, event, result.error)
+                else:
+                    self.say("lambda", f"{spec.name}: event dropped after 3 attempts (no DLQ)")
+            if self.outbox is not None:
+                self.outbox.done(oid)
 
     def _dead_letter(self, spec: FunctionSpec, event: object, error: dict) -> None:
         """Lambda's dead-letter message: the event, and why it failed in attributes (SQS)."""

@@ -1,38 +1,55 @@
-"""moto's state on disk, so stopping the local stack and starting it again loses nothing.
+"""moto's state on disk: what the local stack acknowledged survives a crash (`kill -9`).
 
 moto keeps each service's state in backend objects; they are pickled (as LocalStack persists
 the same backends), with what cannot be pickled (locks, threads, running interpreters) replaced by
-fresh equivalents. Snapshots are written atomically, every few seconds and at shutdown.
+fresh equivalents. S3 objects' bytes are stored once each, by content hash, under `blobs/`: a
+snapshot holds only their metadata (its cost grows with the number of objects, not their size).
+
+A snapshot pickles only the services changed since the last one, into one file; a manifest names
+the file that holds each service's latest state, and replacing it (rename) makes a snapshot
+current, so what is on disk is always one point in time. durability.py decides when snapshots are
+taken: before a change is answered.
 Executions that were running when the stack stopped cannot resume mid-flight: on restore they
 are marked ABORTED with the reason, which the retrain guard and the execution events then see.
+Messages that were in flight go back on their queues at once: the consumers that held them died
+with the stack (on AWS they would reappear after their visibility timeout).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import io
+import json
 import pickle
 import threading
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
-# (module, attribute) of every backend the local stack uses.
+# every backend the local stack uses: (service as requests are signed for it, module, attribute)
 BACKENDS = [
-    ("moto.s3.models", "s3_backends"),
-    ("moto.sqs.models", "sqs_backends"),
-    ("moto.sns.models", "sns_backends"),
-    ("moto.dynamodb.models", "dynamodb_backends"),
-    ("moto.ssm.models", "ssm_backends"),
-    ("moto.events.models", "events_backends"),
-    ("moto.stepfunctions.parser.models", "stepfunctions_parser_backends"),
-    ("moto.cloudwatch.models", "cloudwatch_backends"),
-    ("moto.logs.models", "logs_backends"),
-    ("moto.kms.models", "kms_backends"),
-    ("moto.iam.models", "iam_backends"),
-    ("moto.scheduler.models", "scheduler_backends"),
-    ("moto.applicationautoscaling.models", "applicationautoscaling_backends"),
+    ("s3", "moto.s3.models", "s3_backends"),
+    ("sqs", "moto.sqs.models", "sqs_backends"),
+    ("sns", "moto.sns.models", "sns_backends"),
+    ("dynamodb", "moto.dynamodb.models", "dynamodb_backends"),
+    ("ssm", "moto.ssm.models", "ssm_backends"),
+    ("events", "moto.events.models", "events_backends"),
+    ("states", "moto.stepfunctions.parser.models", "stepfunctions_parser_backends"),
+    ("monitoring", "moto.cloudwatch.models", "cloudwatch_backends"),
+    ("logs", "moto.logs.models", "logs_backends"),
+    ("kms", "moto.kms.models", "kms_backends"),
+    ("iam", "moto.iam.models", "iam_backends"),
+    ("scheduler", "moto.scheduler.models", "scheduler_backends"),
+    (
+        "application-autoscaling",
+        "moto.applicationautoscaling.models",
+        "applicationautoscaling_backends",
+    ),
 ]
+SERVICES = frozenset(name for name, _, _ in BACKENDS)
+# what a request to one service also changes in others (moto notifies in-process)
+ALSO_CHANGES = {"s3": {"sqs", "sns", "events"}, "sns": {"sqs"}}
 LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 
 
@@ -63,8 +80,128 @@ def _subclassed_defaultdict(cls, factory, attrs: dict, items: dict):
     return obj
 
 
+class _BlobRef(str):
+    """The content hash of an S3 object's bytes, pickled as a reference to blobs/<hash>."""
+
+
+def _fake_key(cls, state: dict, value: bytes, digest: str):
+    """An S3 object (moto's FakeKey) rebuilt from its metadata and its bytes."""
+    obj = cls.__new__(cls)
+    obj.__setstate__({**state, "value": value})
+    obj.__dict__["_sluice_blob"] = digest
+    return obj
+
+
+def _fake_key_pickled(metadata: bytes, value: bytes):
+    cls, state, digest = pickle.loads(metadata)
+    obj = _fake_key(cls, state, value, digest)
+    obj.__dict__["_sluice_pickled"] = (_epoch[0], metadata, digest)
+    return obj
+
+
+# S3 objects' metadata pickled at epoch N is reused while the epoch is N (see _Pickler._key)
+_epoch = [0]
+
+
+def objects_changed() -> None:
+    """A request may have changed existing S3 objects' metadata (tags, ACL, retention, ...)."""
+    _epoch[0] += 1
+
+
+def _versioned_store(cls, lists: dict):
+    """A bucket's keys with every version (moto's _VersionedKeyStore), rebuilt."""
+    store = cls()
+    for key, versions in lists.items():
+        dict.__setitem__(store, key, versions)
+    return store
+
+
+class Blobs:
+    """S3 objects' bytes, one file per distinct content (moto's objects never change in place)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.referenced: set[str] = set()
+        for tmp in self.folder.glob("*.tmp"):  # cut short by a crash
+            tmp.unlink(missing_ok=True)
+        self.stored = {p.name for p in self.folder.iterdir()}
+
+    def put(self, key) -> str:
+        digest = key.__dict__.get("_sluice_blob")
+        if digest is None:
+            try:
+                value = key.value
+            except ValueError:  # a deleted key's buffer is closed (moto pickles it as empty)
+                value = b""
+            digest = hashlib.sha256(value).hexdigest()
+            if digest not in self.stored:
+                path = self.folder / digest
+                tmp = path.with_suffix(".tmp")
+                tmp.write_bytes(value)
+                tmp.replace(path)
+                self.stored.add(digest)
+            key.__dict__["_sluice_blob"] = digest
+        self.referenced.add(digest)
+        return digest
+
+    def read(self, digest: str) -> bytes:
+        return (self.folder / digest).read_bytes()
+
+    def keep_only(self, digests: set[str]) -> int:
+        """Delete the blobs no snapshot refers to any more; returns how many."""
+        gone = self.stored - digests
+        for digest in gone:
+            (self.folder / digest).unlink(missing_ok=True)
+        self.stored -= gone
+        return len(gone)
+
+
 class _Pickler(pickle.Pickler):
+    def __init__(self, file, blobs: Blobs | None):
+        from moto.s3.models import FakeKey
+        from moto.s3.utils import _VersionedKeyStore
+
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.blobs = blobs
+        self.references = 0  # blob references written
+        self.key_type = FakeKey
+        self.versions_type = _VersionedKeyStore
+
+    def _key(self, obj):
+        """An S3 object: its bytes as a blob reference, its metadata pickled once and reused
+        while no request could have changed it (`objects_changed`), so a snapshot's cost does
+        not grow with every object the buckets hold."""
+        cached = obj.__dict__.get("_sluice_pickled")
+        if cached is None or cached[0] != _epoch[0]:
+            digest = self.blobs.put(obj)
+            skip = ("_value_buffer", "lock", "_sluice_blob", "_sluice_pickled")
+            state = {k: v for k, v in vars(obj).items() if k not in skip}
+            inner = io.BytesIO()
+            nested = _Pickler(inner, self.blobs)
+            nested.dump((type(obj), state, digest))
+            if nested.references:  # e.g. a multipart upload's parts: not reusable on its own
+                return _fake_key, (type(obj), state, _BlobRef(digest), digest)
+            cached = (_epoch[0], inner.getvalue(), digest)
+            obj.__dict__["_sluice_pickled"] = cached
+        self.blobs.referenced.add(cached[2])
+        return _fake_key_pickled, (cached[1], _BlobRef(cached[2]))
+
+    def persistent_id(self, obj):
+        if type(obj) is _BlobRef:
+            self.references += 1
+            return ("blob", str(obj))
+        return None
+
     def reducer_override(self, obj):
+        if isinstance(obj, self.versions_type):  # its items() hold only each key's latest
+            return _versioned_store, (type(obj), {k: list(v) for k, v in dict.items(obj)})
+        if (
+            self.blobs is not None
+            and isinstance(obj, self.key_type)
+            and "_value_buffer" in vars(obj)
+        ):
+            return self._key(obj)
         if isinstance(obj, LOCK_TYPES):
             return (threading.RLock if isinstance(obj, LOCK_TYPES[1]) else threading.Lock), ()
         if isinstance(obj, threading.Event | threading.Condition):
@@ -89,41 +226,138 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def _backend_dicts():
-    for module, attr in BACKENDS:
-        yield f"{module}.{attr}", getattr(importlib.import_module(module), attr)
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, blobs: Blobs):
+        super().__init__(file)
+        self.blobs = blobs
+
+    def persistent_load(self, pid):
+        kind, digest = pid
+        if kind != "blob":
+            raise pickle.UnpicklingError(f"unknown reference {pid!r}")
+        return self.blobs.read(digest)
 
 
-def snapshot(path: Path) -> int:
-    """Write every backend's state to `path` (atomically); returns the bytes written."""
-    state = {}
-    for name, backends in _backend_dicts():
-        state[name] = {acct: dict(regions.items()) for acct, regions in list(backends.items())}
-    buf = io.BytesIO()
-    for attempt in range(5):  # a request may change a dict while it is pickled: try again
-        try:
-            buf = io.BytesIO()
-            _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(state)
-            break
-        except RuntimeError:
-            if attempt == 4:
-                raise
-    tmp = path.with_suffix(".tmp")
-    tmp.write_bytes(buf.getvalue())
-    tmp.replace(path)
-    return len(buf.getvalue())
+def _backends(name: str):
+    _, module, attr = next(b for b in BACKENDS if b[0] == name)
+    return getattr(importlib.import_module(module), attr)
 
 
-def restore(path: Path) -> list[str]:
-    """Load the backends from `path`; returns the ARNs of the executions aborted because they
-    were running."""
-    if not path.exists():
-        return []
-    state = pickle.loads(path.read_bytes())
-    for name, backends in _backend_dicts():
-        for acct, regions in state.get(name, {}).items():
-            for region, backend in regions.items():
-                backends[acct][region] = backend
+def changed_by(service: str) -> frozenset[str]:
+    """The backends a request signed for `service` may change (all, if it is unknown)."""
+    if service not in SERVICES:
+        return SERVICES
+    return frozenset({service, *ALSO_CHANGES.get(service, ())})
+
+
+class Store:
+    """moto's state in a folder: each snapshot one file holding the services changed since the
+    last, and `manifest.json` naming the file with each service's latest state; replacing the
+    manifest (rename) is what makes a snapshot current, so the files on disk are always one point
+    in time."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.blobs = Blobs(folder / "blobs")
+        self.refs: dict[str, set[str]] = {}  # blobs each service's current file refers to
+        self.manifest = self._read_manifest()
+        self.manifest_files = set(self.manifest["files"].values())
+        for path in self.folder.glob("*.pickle"):  # written by a snapshot a crash cut short
+            if path.name not in self.manifest_files:
+                path.unlink(missing_ok=True)
+
+    def _read_manifest(self) -> dict:
+        path = self.folder / "manifest.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        return {"generation": 0, "files": {}}
+
+    def write(self, names: frozenset[str] | set[str] = SERVICES) -> int:
+        """Pickle the backends `names` (and any not on disk yet) and make them current; returns
+        the bytes written."""
+        return self.put(self.pickle(names))
+
+    def pickle(self, names: frozenset[str] | set[str]) -> dict[str, bytes]:
+        """The backends `names` (and any not on disk yet), pickled: the part of a snapshot that
+        must not overlap a request (S3 bytes not stored yet are stored on the way)."""
+        out = {}
+        for name in sorted(set(names) | (SERVICES - set(self.refs))):
+            backends = _backends(name)
+            state = {acct: dict(regions.items()) for acct, regions in list(backends.items())}
+            for attempt in range(5):  # an internal thread may change a dict while it is pickled
+                try:
+                    buf = io.BytesIO()
+                    self.blobs.referenced = set()
+                    _Pickler(buf, self.blobs).dump(state)
+                    break
+                except RuntimeError:
+                    if attempt == 4:
+                        raise
+            self.refs[name] = self.blobs.referenced
+            out[name] = buf.getvalue()
+        return out
+
+    def put(self, pickles: dict[str, bytes]) -> int:
+        """Write the pickles as one file, then the manifest that makes them current; then drop
+        the files no service is read from any more. (One file, few system calls: each one lets
+        the request threads take the interpreter, and the requests waiting for this snapshot
+        wait that much longer.)"""
+        gen = self.manifest["generation"] + 1
+        files = dict(self.manifest["files"])
+        data = pickle.dumps(pickles, protocol=pickle.HIGHEST_PROTOCOL)
+        name = f"snapshot-{gen}.pickle"
+        (self.folder / name).write_bytes(data)
+        files.update(dict.fromkeys(pickles, name))
+        manifest = {"generation": gen, "files": files}
+        tmp = self.folder / "manifest.tmp"
+        tmp.write_text(json.dumps(manifest))
+        tmp.replace(self.folder / "manifest.json")
+        self.manifest = manifest
+        for old in set(self.manifest_files) - set(files.values()):
+            (self.folder / old).unlink(missing_ok=True)
+        self.manifest_files = set(files.values())
+        self.blobs.keep_only(set().union(*self.refs.values()))
+        return len(data)
+
+    def restore(self) -> bool:
+        """Load every backend from the current files; False when there are none."""
+        by_file: dict[str, list[str]] = {}
+        for name, filename in self.manifest["files"].items():
+            by_file.setdefault(filename, []).append(name)
+        for filename, names in by_file.items():
+            pickles = pickle.loads((self.folder / filename).read_bytes())
+            for name in names:
+                _install(name, _Unpickler(io.BytesIO(pickles[name]), self.blobs).load())
+        return bool(by_file)
+
+
+def _install(name: str, state: dict) -> None:
+    backends = _backends(name)
+    for acct, regions in state.items():
+        for region, backend in regions.items():
+            backends[acct][region] = backend
+
+
+def snapshot(folder: Path) -> int:
+    """Write every backend's state to `folder`; returns the bytes written."""
+    return Store(folder).write()
+
+
+def restore(folder: Path) -> list[str]:
+    """Load the backends from `folder` (or from a single `moto.pickle` beside it, as stacks
+    before this layout wrote it); returns the ARNs of the executions aborted because they were
+    running."""
+    legacy = folder.parent / "moto.pickle"
+    if not Store(folder).restore():
+        if not legacy.exists():
+            return []
+        with open(legacy, "rb") as f:
+            state = _Unpickler(f, Blobs(folder / "blobs")).load()
+        by_module = {f"{module}.{attr}": name for name, module, attr in BACKENDS}
+        for key, value in state.items():
+            _install(by_module[key], value)
+    _release_in_flight()
     return _abort_running()
 
 
@@ -145,3 +379,14 @@ def _abort_running() -> list[str]:
                         )
                         aborted.append(ex.exec_arn)
     return aborted
+
+
+def _release_in_flight() -> None:
+    """Messages received by consumers that died with the stack are visible again."""
+    from moto.sqs.models import sqs_backends
+
+    for regions in sqs_backends.values():
+        for backend in regions.values():
+            for q in backend.queues.values():
+                for m in q._messages:
+                    m.visible_at = 0.0

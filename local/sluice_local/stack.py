@@ -2,8 +2,13 @@
 
 start(): moto's backends come back from the last snapshot, the gateway serves them (and the local
 SageMaker, runtime, Lambda and EventBridge answers) on one port, the template is deployed (or
-re-converged), and the pollers, schedules, execution events and endpoints start. stop(): every
-process ends, and the state is written, so the next start carries on where this one stopped.
+re-converged), what was accepted and not finished is delivered again, and the pollers, schedules,
+execution events and endpoints start. stop(): every process ends, and the state is written, so
+the next start carries on where this one stopped. Without a stop (kill -9, a power cut of the
+process) nothing acknowledged is lost either: see durability.py, persist.py and outbox.py.
+
+SLUICE_LOCAL_CRASH_AT (a regular expression) kills the stack with SIGKILL when an event-log
+line matches it (after SLUICE_LOCAL_CRASH_AFTER_S seconds, default 0): the crash test's failpoint.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import signal
 import sys
 import threading
 import time
@@ -21,6 +28,7 @@ from . import ACCOUNT, REGION
 from .deploy import Deployer, Deployment
 from .events import Bus, Poller, Scheduler, Watcher, event
 from .lambdas import Functions
+from .outbox import Outbox
 from .template import samconfig_overrides, transform
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +43,9 @@ class EventLog:
         self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the stack's life)
         self.out = out
         self.lock = threading.Lock()
+        crash_at = os.environ.get("SLUICE_LOCAL_CRASH_AT")
+        self.crash_at = re.compile(crash_at) if crash_at else None
+        self.crash_after_s = float(os.environ.get("SLUICE_LOCAL_CRASH_AFTER_S") or 0)
 
     def __call__(self, category: str, message: str) -> None:
         line = f"{datetime.now():%H:%M:%S} {category:<10} {message}"
@@ -44,9 +55,18 @@ class EventLog:
             if self.out is not None:
                 self.out.write(line + "\n")
                 self.out.flush()
+        if self.crash_at is not None and self.crash_at.search(line):
+            self.crash_at = None
+            threading.Timer(self.crash_after_s, _crash, (line,)).start()
 
     def close(self) -> None:
         self.file.close()
+
+
+def _crash(line: str) -> None:
+    sys.stderr.write(f"SLUICE_LOCAL_CRASH_AT matched {line!r}: kill -9\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LocalStack:
@@ -59,6 +79,7 @@ class LocalStack:
         overrides: dict[str, str] | None = None,
         config_env: str = "local",
         out=sys.stdout,
+        durability: str = "acknowledged",
     ):
         self.dir = Path(state_dir).resolve()
         self.host, self.port = host, port
@@ -72,6 +93,8 @@ class LocalStack:
         self._clients: dict[str, object] = {}
         self._closing = threading.Event()
         self.server = None
+        self.durability_mode = durability
+        self.durability = None  # durability.Durability once started
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -104,6 +127,7 @@ class LocalStack:
         from werkzeug.serving import make_server
 
         from . import moto_fixes, persist, processes, validation
+        from .durability import Durability
         from .gateway import Gateway
         from .sagemaker import jobs
         from .sagemaker.api import LocalSageMaker
@@ -129,7 +153,15 @@ class LocalStack:
         self._strict.__enter__()
         default_user_config["stepfunctions"]["execute_state_machine"] = True
         moto_fixes.apply()
-        aborted = persist.restore(self.dir / "moto.pickle")
+        aborted = persist.restore(self.dir / "moto")
+        self.durability = Durability(
+            self.dir / "moto",
+            self.say,
+            SNAPSHOT_EVERY_S,
+            acknowledged=self.durability_mode == "acknowledged",
+        )
+        self.durability.start()
+        self.outbox = Outbox(self.dir / "outbox")
 
         class Quiet(MotoRequestHandler):
             def log_request(self, *args) -> None:  # the event log says what matters
@@ -152,9 +184,9 @@ class LocalStack:
         threading.Thread(target=self.server.serve_forever, daemon=True, name="gateway").start()
 
         self.functions = Functions(
-            {}, self.base_env, self.dir / "logs" / "functions", self.say, self.client
+            {}, self.base_env, self.dir / "logs" / "functions", self.say, self.client, self.outbox
         )
-        self.bus = Bus(self.client, self.functions, self.say)
+        self.bus = Bus(self.client, self.functions, self.say, self.outbox)
         self.sagemaker = LocalSageMaker(self.dir / "sagemaker", self._sagemaker_event)
         ctx = Context(self.dir / "sagemaker", self.url, self.base_env, self.say)
         self.jobs = [
@@ -169,6 +201,8 @@ class LocalStack:
         self.sagemaker.runners["Endpoint"] = self.endpoints
 
         self.deploy()
+        # from here on, a change is answered only once it is on disk
+        self.durability.enable()
         self.pollers = [
             Poller(s, self.client, self.functions, self.say)
             for s in self.deployment.event_sources
@@ -183,7 +217,7 @@ class LocalStack:
         for job in jobs.resume(self.jobs):
             self.say("job", f"{job} was running when the stack stopped: running it again")
         self.endpoints.restore()
-        threading.Thread(target=self._snapshots, daemon=True, name="snapshots").start()
+        self.redeliver()
         self.banner()
         return self
 
@@ -205,14 +239,22 @@ class LocalStack:
         alarms = self.client("cloudwatch").describe_alarms(AlarmNames=names)["MetricAlarms"]
         return {a["AlarmName"]: a["StateValue"] for a in alarms}
 
-    def _snapshots(self) -> None:
-        from . import persist
-
-        while not self._closing.wait(SNAPSHOT_EVERY_S):
-            try:
-                persist.snapshot(self.dir / "moto.pickle")
-            except Exception as e:  # the next one (or the one at stop) will do
-                self.say("state", f"snapshot failed: {e}")
+    def redeliver(self) -> None:
+        """What the last run accepted and had not finished (it crashed): done now."""
+        pending = self.outbox.pending()
+        for oid, item in pending:
+            if item["kind"] == "event":
+                self.bus.requeue(oid, item["event"])
+            elif item["kind"] == "invoke":
+                self.functions.requeue(oid, item)
+        published = self.sagemaker.publish_pending()
+        if pending or published:
+            self.say(
+                "stack",
+                f"delivering again what the last run accepted and did not finish: "
+                f"{len(pending)} event(s) and invocation(s), "
+                f"{len(published)} status change(s) ({', '.join(published) or 'none'})",
+            )
 
     # --- what the gateway and the CLI show ------------------------------------------------------
 
@@ -297,7 +339,6 @@ class LocalStack:
     # --- stopping -------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        from . import persist
         from .sagemaker.jobs import wait_idle
 
         self._closing.set()
@@ -314,7 +355,7 @@ class LocalStack:
             runner.shutdown()
         wait_idle(self.jobs, 30)
         self.endpoints.shutdown()
-        persist.snapshot(self.dir / "moto.pickle")
+        self.durability.close()
         self.sagemaker.save()
         self.server.shutdown()
         self.server.server_close()

@@ -61,6 +61,7 @@ KINDS = {
 }
 JOBS = ("TrainingJob", "TransformJob", "ProcessingJob", "CompilationJob")
 FIRST_STATUS = {"CompilationJob": "INPROGRESS", "Endpoint": "Creating"}
+UNPUBLISHED = "_StatusUnpublished"  # a record's own flag, never rendered (not in any shape)
 
 
 def arn(kind: Kind, name: str) -> str:
@@ -111,19 +112,44 @@ class LocalSageMaker:
             return found
 
     def update(self, kind: str, name: str, **changes) -> dict:
-        """Change a record; a status change is published as SageMaker's event."""
+        """Change a record; a status change is published as SageMaker's event. The record says
+        so until the event is on the bus (whose outbox keeps it): a crash in between publishes
+        it at the next start (`publish_pending`) rather than losing it."""
         k = KINDS[kind]
         with self.lock:
             record = self.resources[kind][_key(kind, name)]
             before = record.get(k.status) if k.status else None
             record.update(changes)
             record["LastModifiedTime"] = time.time()
+            publish = bool(k.status and k.event and record.get(k.status) != before)
+            if publish:
+                record[UNPUBLISHED] = True
             self.save()
-            changed = k.status and record.get(k.status) != before
             snapshot = json.loads(json.dumps(record))
-        if changed and k.event:
-            self.emit(k.event, self.event_detail(kind, snapshot))
+        if publish:
+            self._publish(kind, _key(kind, name), snapshot)
         return snapshot
+
+    def _publish(self, kind: str, key: str, record: dict) -> None:
+        self.emit(KINDS[kind].event, self.event_detail(kind, record))
+        with self.lock:
+            live = self.resources[kind].get(key)
+            if live is not None and live.get(KINDS[kind].status) == record.get(KINDS[kind].status):
+                live.pop(UNPUBLISHED, None)
+                self.save()
+
+    def publish_pending(self) -> list[str]:
+        """Status changes saved but not yet on the bus when the stack stopped: published now."""
+        with self.lock:
+            pending = [
+                (kind, key, json.loads(json.dumps(r)))
+                for kind in self.resources
+                for key, r in self.resources[kind].items()
+                if r.get(UNPUBLISHED)
+            ]
+        for kind, key, record in pending:
+            self._publish(kind, key, record)
+        return [f"{kind} {key}" for kind, key, _ in pending]
 
     def event_detail(self, kind: str, record: dict) -> dict:
         """The detail of SageMaker's state-change event: the description, times in epoch ms."""

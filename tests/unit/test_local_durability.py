@@ -1,0 +1,182 @@
+"""The local stack's crash consistency, piece by piece: snapshots with S3 bytes stored once,
+the group commit that answers a change only once it is on disk, which requests count as
+changes, the outbox, and SageMaker status changes published after a crash.
+(tests/e2e/test_local_crash.py kills a whole stack at three points of the flow.)"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+
+import boto3
+from moto import mock_aws
+
+from sluice_local import persist
+from sluice_local.durability import Durability
+from sluice_local.gateway import changes_state
+from sluice_local.outbox import Outbox
+from sluice_local.sagemaker.api import UNPUBLISHED, LocalSageMaker
+
+
+def _s3():
+    s3 = boto3.client("s3", region_name="us-east-1")
+    s3.create_bucket(Bucket="bkt")
+    return s3
+
+
+def test_a_snapshot_stores_each_s3_content_once_and_restores_it(tmp_path):
+    path = tmp_path / "moto"
+    with mock_aws():
+        s3 = _s3()
+        s3.put_bucket_versioning(Bucket="bkt", VersioningConfiguration={"Status": "Enabled"})
+        big = bytes(range(256)) * 4096  # 1 MiB
+        v1 = s3.put_object(Bucket="bkt", Key="a", Body=big)["VersionId"]
+        v_copy = s3.put_object(Bucket="bkt", Key="copy", Body=big)["VersionId"]
+        s3.put_object(Bucket="bkt", Key="a", Body=b"second version")
+        size = persist.snapshot(path)
+        blobs = sorted(p.name for p in (path / "blobs").iterdir())
+        assert len(blobs) == 2  # two distinct contents, three objects
+        assert size < 100_000  # metadata only: the MiB is in blobs/
+    with mock_aws():  # a fresh moto, as after a crash
+        persist.restore(path)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        # every version comes back (moto's own pickling keeps only each key's latest)
+        assert s3.get_object(Bucket="bkt", Key="a", VersionId=v1)["Body"].read() == big
+        assert s3.get_object(Bucket="bkt", Key="a")["Body"].read() == b"second version"
+        s3.delete_object(Bucket="bkt", Key="copy", VersionId=v_copy)
+        s3.delete_object(Bucket="bkt", Key="a", VersionId=v1)
+        persist.snapshot(path)
+        # the MiB is referenced by nothing now: deleted once the new snapshot is in place
+        assert len(list((path / "blobs").iterdir())) == 1
+
+
+def test_a_change_is_answered_only_once_a_snapshot_holds_it(tmp_path):
+    path = tmp_path / "moto"
+    with mock_aws():
+        s3 = _s3()
+        durable = Durability(path, print, every_s=3600)
+        durable.start()
+        durable.enable()
+        before = durable.snapshots
+        first = dict(durable.store.manifest["files"])
+
+        answered_after = []
+
+        def change(i: int) -> None:
+            with durable.applying("s3"):
+                s3.put_object(Bucket="bkt", Key=f"k{i}", Body=str(i).encode())
+            on_disk = durable.snapshots
+            durable.commit()
+            answered_after.append(durable.snapshots > on_disk)  # a later snapshot holds it
+
+        threads = [threading.Thread(target=change, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert answered_after == [True] * 16
+        commits = durable.snapshots - before
+        # only what an upload changes was written again (S3 and the services it notifies)
+        now = durable.store.manifest["files"]
+        assert {k for k in now if now[k] != first[k]} == {"s3", "sqs", "sns", "events"}
+        durable.close()
+    assert 1 <= commits < 16  # group commit: one snapshot answers many changes
+    with mock_aws():
+        persist.restore(path)
+        keys = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="bkt")["Contents"]
+        assert len(keys) == 16
+
+
+def environ(method: str, *, target: str = "", body: bytes = b"", query: str = "", service=""):
+    env = {
+        "REQUEST_METHOD": method,
+        "QUERY_STRING": query,
+        "CONTENT_TYPE": "application/x-www-form-urlencoded" if body.startswith(b"Action") else "",
+        "wsgi.input": io.BytesIO(body),
+    }
+    if target:
+        env["HTTP_X_AMZ_TARGET"] = target
+    if service:
+        scope = f"x/20261203/us-east-1/{service}/aws4_request"
+        env["HTTP_AUTHORIZATION"] = f"AWS4-HMAC-SHA256 Credential={scope}, SignedHeaders=host"
+    return env
+
+
+def test_which_requests_change_state():
+    assert changes_state(environ("PUT", service="s3"), b"")
+    assert changes_state(environ("DELETE", service="s3"), b"")
+    assert not changes_state(environ("GET", service="s3"), b"")
+    assert changes_state(environ("POST", target="AmazonSQS.SendMessage"), b"")
+    assert changes_state(environ("POST", target="AmazonSQS.DeleteMessageBatch"), b"")
+    assert not changes_state(environ("POST", target="AmazonSQS.ReceiveMessage"), b"")
+    assert changes_state(environ("POST", target="DynamoDB_20120810.PutItem"), b"")
+    assert not changes_state(environ("POST", target="DynamoDB_20120810.BatchGetItem"), b"")
+    publish = b"Action=Publish&TopicArn=t&Message=m"
+    assert changes_state(environ("POST", body=publish, service="sns"), publish)
+    describe = b"Action=DescribeAlarms"
+    assert not changes_state(environ("POST", body=describe, service="monitoring"), describe)
+
+
+def test_the_outbox_keeps_work_until_it_is_done(tmp_path):
+    box = Outbox(tmp_path)
+    first = box.add({"kind": "event", "n": 1})
+    second = box.add({"kind": "invoke", "n": 2})
+    assert [item["n"] for _, item in Outbox(tmp_path).pending()] == [1, 2]  # after a crash
+    box.done(first)
+    assert [oid for oid, _ in Outbox(tmp_path).pending()] == [second]
+
+
+def test_a_status_change_saved_but_not_published_is_published_at_the_next_start(tmp_path):
+    def crash(*_):
+        raise SystemExit("kill -9 between saving the record and putting its event")
+
+    api = LocalSageMaker(tmp_path, crash)
+    api.resources["TransformJob"]["j"] = {
+        "TransformJobName": "j",
+        "TransformJobArn": "arn:aws:sagemaker:us-east-1:123456789012:transform-job/j",
+        "TransformJobStatus": "InProgress",
+    }
+    with contextlib.suppress(SystemExit):
+        api.update("TransformJob", "j", TransformJobStatus="Completed")
+    events = []
+    again = LocalSageMaker(tmp_path, lambda kind, detail: events.append((kind, detail)))
+    assert again.resources["TransformJob"]["j"][UNPUBLISHED]
+    assert again.publish_pending() == ["TransformJob j"]
+    ((kind, detail),) = events
+    assert kind == "SageMaker Transform Job State Change"
+    assert detail["TransformJobStatus"] == "Completed" and UNPUBLISHED not in detail
+    assert UNPUBLISHED not in LocalSageMaker(tmp_path, print).resources["TransformJob"]["j"]
+
+
+def test_a_state_written_before_the_per_service_layout_still_loads(tmp_path):
+    """Stacks before this layout wrote one moto.pickle, S3 bytes inline."""
+    from moto.s3.models import s3_backends
+
+    with mock_aws():
+        _s3().put_object(Bucket="bkt", Key="k", Body=b"old layout")
+        state = {"moto.s3.models.s3_backends": {a: dict(r) for a, r in s3_backends.items()}}
+        buf = io.BytesIO()
+        persist._Pickler(buf, None).dump(state)
+        (tmp_path / "moto.pickle").write_bytes(buf.getvalue())
+    with mock_aws():
+        persist.restore(tmp_path / "moto")
+        s3 = boto3.client("s3", region_name="us-east-1")
+        assert s3.get_object(Bucket="bkt", Key="k")["Body"].read() == b"old layout"
+
+
+def test_s3_metadata_is_pickled_once_and_again_after_a_request_that_changes_it(tmp_path):
+    """Objects' metadata is reused from the last snapshot (its cost would grow with every
+    object) until a request with a subresource (?acl, ?tagging, ...) may have changed it."""
+    path = tmp_path / "moto"
+    with mock_aws():
+        s3 = _s3()
+        s3.put_object(Bucket="bkt", Key="k", Body=b"x")
+        persist.snapshot(path)
+        s3.put_object_acl(Bucket="bkt", Key="k", ACL="public-read")
+        persist.objects_changed()  # what the gateway does for ?acl
+        persist.snapshot(path)
+    with mock_aws():
+        persist.restore(path)
+        grants = boto3.client("s3", region_name="us-east-1").get_object_acl(Bucket="bkt", Key="k")
+        assert any(g["Permission"] == "READ" for g in grants["Grants"])
