@@ -151,3 +151,25 @@ def keep_latest(
             claim = ddb.get_item(TableName=table, Key={"object": {"S": newer}}).get("Item", {})
             superseded.append((u, newer, claim.get("job", {}).get("S")))
     return superseded
+
+
+def uploads_of(table: str, job: str) -> list[str]:
+    """The S3 URIs of the uploads `job` claimed (the by-job index), oldest claim first: what a
+    report names when the job's manifest cannot be read."""
+    ddb = client("dynamodb")
+    request = {
+        "TableName": table,
+        "IndexName": "by-job",
+        "KeyConditionExpression": "#j = :job",
+        "ExpressionAttributeNames": {"#j": "job"},
+        "ExpressionAttributeValues": {":job": {"S": job}},
+    }
+    identities: list[str] = []
+    while True:
+        resp = ddb.query(**request)
+        identities += [item["object"]["S"] for item in resp.get("Items", [])]
+        if not resp.get("LastEvaluatedKey"):
+            break
+        request["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+    # "bucket/key@version": the key may hold "@", the version never does
+    return sorted({f"s3://{i.rsplit('@', 1)[0]}" for i in identities})

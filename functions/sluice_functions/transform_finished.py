@@ -1,7 +1,8 @@
 """transform_finished: SageMaker Transform Job State Change -> _SUCCESS.json / _FAILURE.json.
 
 Completed: a summary beside the outputs (inputs, outputs with record and error-line counts,
-duration). Failed or Stopped: the FailureReason and the input keys, and an SNS notification.
+duration). Failed or Stopped: the FailureReason and the input keys (from the claims table when the
+manifest cannot be read), and an SNS notification.
 SageMaker may deliver the same event twice: the report is written only if absent, so the
 notification goes out once.
 """
@@ -17,6 +18,7 @@ from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
+from . import claims
 from .aws import client, error_code
 from .reports import (
     count_lines,
@@ -111,6 +113,11 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
     output_uri = detail["TransformOutput"]["S3OutputPath"]
     prefix, keys = input_keys(detail)
     inputs = [prefix + k for k in keys]
+    extra = {}
+    table = os.environ.get("CLAIMS_TABLE")
+    if not keys and table:  # the manifest is gone: the claims still name the uploads
+        inputs = claims.uploads_of(table, name)
+        extra = {"inputs_from": "claims (the job's manifest could not be read)"}
     if status == "Completed":
         files = output_counts(output_uri, prefix, keys)
         report = success_report(detail, inputs, files)
@@ -127,6 +134,7 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
             inputs,
             model=detail.get("ModelName"),
             duration_s=duration_s(detail),
+            **extra,
         )
         key = report_key(output_uri, False)
         wrote = write_once(output_uri, key, report)

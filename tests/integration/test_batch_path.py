@@ -11,7 +11,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from tests.helpers import LambdaContext as Context
-from tests.helpers import lambda_env
+from tests.helpers import lambda_env, template_resource
 
 # every request checked against AWS's own rules (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("strict_aws")
@@ -46,11 +46,13 @@ def aws(monkeypatch):
         sns = boto3.client("sns", region_name=REGION)
         sm = boto3.client("sagemaker", region_name=REGION)
         s3.create_bucket(Bucket=BUCKET)
+        table = template_resource("ClaimsTable")["Properties"]  # as deployed
         boto3.client("dynamodb", region_name=REGION).create_table(
             TableName="claims",
-            BillingMode="PAY_PER_REQUEST",
-            AttributeDefinitions=[{"AttributeName": "object", "AttributeType": "S"}],
-            KeySchema=[{"AttributeName": "object", "KeyType": "HASH"}],
+            BillingMode=table["BillingMode"],
+            AttributeDefinitions=table["AttributeDefinitions"],
+            KeySchema=table["KeySchema"],
+            GlobalSecondaryIndexes=table["GlobalSecondaryIndexes"],
         )
         queue = sqs.create_queue(QueueName="incoming")["QueueUrl"]
         queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])[
@@ -400,6 +402,17 @@ def test_failed_job_reports_and_notifies_once(aws):
     assert finished(event)["written"] is False
     (note,) = notifications(aws)
     assert note["job"] == job["TransformJobName"] and note["status"] == "Failed"
+
+
+def test_a_failed_job_whose_manifest_is_gone_still_names_its_uploads(aws):
+    """The claims table's by-job index names the uploads when the manifest cannot be read."""
+    job = started_job(aws)
+    manifest = job["TransformInput"]["DataSource"]["S3DataSource"]["S3Uri"]
+    aws["s3"].delete_object(Bucket=BUCKET, Key=manifest.split("/", 3)[3])
+    first = finished(state_change(job, "Failed", "ClientError: manifest not found"))
+    report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())
+    assert report["inputs"] == [f"s3://{BUCKET}/incoming/p/{n}.jsonl" for n in "ab"]
+    assert report["inputs_from"].startswith("claims")
 
 
 def test_other_events_are_ignored(aws):
