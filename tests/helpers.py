@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import boto3
+from botocore.config import Config
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Figures a test measured, printed at the end of the run (tests/conftest.py)
@@ -36,6 +39,13 @@ TINY = {
     "loss_curve": "false",
     "max_steps": "30",
 }
+
+
+def template_resource(logical_id: str) -> dict:
+    """One resource of template.yaml as written (intrinsic functions left as they are)."""
+    from cfnlint.decode import cfn_yaml
+
+    return cfn_yaml.load(str(REPO / "template.yaml"))["Resources"][logical_id]
 
 
 def lambda_env(**extra: str) -> dict[str, str]:
@@ -189,3 +199,73 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout=60)
+
+
+class LocalUp:
+    """One `sluice-local up` process (started, stopped, started again) and what its users hold."""
+
+    def __init__(self, state: Path, overrides: list[str]):
+        self.state = state
+        self.overrides = overrides
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, **env: str) -> LocalUp:
+        """`sluice-local up` with these extra environment variables, once it is ready."""
+        ready = self.state / "ready.json"
+        ready.unlink(missing_ok=True)
+        self.log = open(self.state.parent / "local-up.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluice_local.cli",
+                "up",
+                "--state",
+                str(self.state),
+                "--port",
+                "0",
+                "--ready-file",
+                str(ready),
+                "--parameter-overrides",
+                *self.overrides,
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **env},
+        )
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert self.proc.poll() is None, f"local up exited: {self.tail()}"
+            assert time.monotonic() < deadline, f"local up not ready: {self.tail()}"
+            time.sleep(0.5)
+        from sluice_local.demo import Users
+
+        self.status = json.loads(ready.read_text())
+        self.endpoint = self.status["endpoint"]
+        self.users = Users(self.client, self.status["outputs"], self.state / "logs")
+        return self
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        rc = self.proc.wait(timeout=120)
+        self.log.close()
+        return rc
+
+    def client(self, service: str):
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="local",
+            aws_secret_access_key="local",
+            config=Config(retries={"max_attempts": 2}),
+        )
+
+    def tail(self) -> str:
+        return (self.state.parent / "local-up.log").read_text(errors="replace")[-3000:]
+
+    def events(self) -> str:
+        return (self.state / "logs" / "events.log").read_text()
+
+    def execution(self, name_prefix: str) -> dict:
+        return self.users.finished_execution(name_prefix)

@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import boto3
 import pytest
-from botocore.config import Config
 
 from sluice_local.corpus import generate
-from sluice_local.demo import Users
-from tests.helpers import hp
+from tests.helpers import LocalUp, hp
 
 pytestmark = pytest.mark.slow
 
@@ -32,77 +26,11 @@ TRAINING = hp(max_steps=60, n_positions=64, block_size=32, vocab_size=384)
 OVERRIDES = [f"TrainingHyperparameters={json.dumps(TRAINING)}", "EdgeSequenceLength=32"]
 
 
-class Local:
-    """One `sluice-local up` process and what its users hold."""
-
-    def __init__(self, state: Path):
-        self.state = state
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Local:
-        ready = self.state / "ready.json"
-        ready.unlink(missing_ok=True)
-        self.log = open(self.state.parent / "local-up.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sluice_local.cli",
-                "up",
-                "--state",
-                str(self.state),
-                "--port",
-                "0",
-                "--ready-file",
-                str(ready),
-                "--parameter-overrides",
-                *OVERRIDES,
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
-        )
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert self.proc.poll() is None, f"local up exited: {self.tail()}"
-            assert time.monotonic() < deadline, f"local up not ready: {self.tail()}"
-            time.sleep(0.5)
-        self.status = json.loads(ready.read_text())
-        self.endpoint = self.status["endpoint"]
-        self.users = Users(self.client, self.status["outputs"], self.state / "logs")
-        return self
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
-        rc = self.proc.wait(timeout=120)
-        self.log.close()
-        return rc
-
-    def client(self, service: str):
-        return boto3.client(
-            service,
-            endpoint_url=self.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="local",
-            aws_secret_access_key="local",
-            config=Config(retries={"max_attempts": 2}),
-        )
-
-    def tail(self) -> str:
-        return (self.state.parent / "local-up.log").read_text(errors="replace")[-3000:]
-
-    def events(self) -> str:
-        return (self.state / "logs" / "events.log").read_text()
-
-    def execution(self, name_prefix: str) -> dict:
-        return self.users.finished_execution(name_prefix)
-
-
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
     state = tmp_path_factory.mktemp("local") / "state"
     state.mkdir()
-    stack = Local(state).start()
+    stack = LocalUp(state, OVERRIDES).start()
     yield stack
     if stack.proc.poll() is None:
         stack.stop()
