@@ -56,11 +56,11 @@ class EngineConfig:
         )
 
 
-def _id_fields(rec: Record) -> dict:
-    return {"id": rec.id} if rec.has_id else {}
+def _id_fields(rec: Record | None) -> dict:
+    return {"id": rec.id} if rec is not None and rec.has_id else {}
 
 
-def error_result(rec: Record, code: str, message: str) -> dict:
+def error_result(rec: Record | None, code: str, message: str) -> dict:
     return {**_id_fields(rec), "error": {"code": code, "message": message}}
 
 

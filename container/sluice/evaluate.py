@@ -16,21 +16,13 @@ from pathlib import Path
 
 import torch
 
-from .model import load_model, read_sluice_json
+from .model import context_length, load_model, read_sluice_json
 from .scoring import encode_for_scoring, score_ids
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
     vocab = sorted(tokenizer.get_vocab().items())
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
-
-
-def context_length(model) -> int:
-    cfg = model.config
-    for name in ("n_positions", "max_position_embeddings", "n_ctx"):
-        if getattr(cfg, name, None):
-            return int(getattr(cfg, name))
-    return 1024
 
 
 def evaluate_model(
@@ -44,7 +36,12 @@ def evaluate_model(
     model.eval()
     seqs = encode_for_scoring(tokenizer, records, append_eos=True)
     scores = score_ids(
-        model, seqs, tokenizer.pad_token_id, context_length(model), batch_tokens, on_batch=on_batch
+        model,
+        seqs,
+        tokenizer.pad_token_id,
+        context_length(model.config),
+        batch_tokens,
+        on_batch=on_batch,
     )
     nll = -sum(s.logprob for s in scores)
     tokens = sum(s.tokens for s in scores)

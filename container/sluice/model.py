@@ -159,5 +159,14 @@ def write_sluice_json(model_dir: Path, info: dict) -> None:
     (Path(model_dir) / SLUICE_JSON).write_text(strict_json(info, indent=2, sort_keys=True) + "\n")
 
 
+def context_length(config) -> int:
+    """The longest sequence a model takes, from its config (the name varies by architecture);
+    2048 when it states none."""
+    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        if getattr(config, name, None):
+            return int(getattr(config, name))
+    return 2048
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -91,7 +91,8 @@ def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
 
-def _check_param(task: str, name: str, value: Any) -> Any:
+def check_param(task: str, name: str, value: Any) -> Any:
+    """`value` as the server takes parameter `name` for `task`; ValueError says why not."""
     spec = PARAMETERS[task].get(name) or COMMON.get(name)
     if spec is None:
         allowed = sorted([*PARAMETERS[task], *COMMON])
@@ -151,7 +152,7 @@ def make_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
     merged = dict(defaults.params.get("generate" if task == "chat" else task, {}))
     try:
         for name, value in params.items():
-            merged[name] = _check_param(task, name, value)
+            merged[name] = check_param(task, name, value)
     except ValueError as e:
         return bad("invalid_parameter", str(e))
     if task in GENERATING:

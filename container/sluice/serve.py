@@ -36,13 +36,20 @@ import torch
 from .batcher import Batcher, TorchScorer
 from .engine import EngineConfig, Job, VllmEngine, error_result, prepare
 from .errors import SluiceError
-from .model import check_causal, ensure_pad_token, load_model, read_sluice_json
+from .model import (
+    check_causal,
+    context_length,
+    ensure_pad_token,
+    load_model,
+    read_sluice_json,
+)
 from .records import (
     PARAMETERS,
     TASKS,
     BadRecord,
     BodyError,
     Defaults,
+    check_param,
     dumps,
     error_line,
     parse_body,
@@ -112,8 +119,6 @@ def generation_defaults(model_dir: Path) -> dict:
     is always set from the file (false when absent). A value the server would refuse in a record
     is skipped with a warning, not served.
     """
-    from .records import _check_param
-
     f = Path(model_dir) / "generation_config.json"
     if not f.exists():
         return {}
@@ -127,7 +132,7 @@ def generation_defaults(model_dir: Path) -> dict:
         if cfg.get(name) is None:
             continue
         try:
-            out[name] = _check_param("generate", name, cfg[name])
+            out[name] = check_param("generate", name, cfg[name])
         except ValueError as e:
             log.warning("generation_config.json: %s; not applied", e)
     if out.get("top_k") == 0 and "top_k" in cfg:
@@ -202,7 +207,7 @@ class State:
         except (OSError, ValueError) as e:
             raise SluiceError(f"{self.model_dir}: cannot load the tokenizer ({e})") from None
         ensure_pad_token(self.tok)
-        self.context = context_of(AutoConfig.from_pretrained(self.model_dir))
+        self.context = context_length(AutoConfig.from_pretrained(self.model_dir))
         info = read_sluice_json(self.model_dir).get("task_defaults", {})
         self.defaults = defaults_from(info, self.model_dir)
         self.config = EngineConfig.from_env(self.gpus > 0, self.defaults.params.get("generate"))
@@ -253,13 +258,6 @@ class State:
             self.scorer.close()
         if self.engine is not None:
             self.engine.close()
-
-
-def context_of(config) -> int:
-    for name in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
-        if getattr(config, name, None):
-            return int(getattr(config, name))
-    return 2048
 
 
 class ClientGone(Exception):
@@ -471,8 +469,7 @@ def _line(slot) -> str:
         return dumps(result)
     except (ValueError, TypeError) as e:
         rec = slot.record if isinstance(slot, Job) else None
-        err = {"error": {"code": "internal_error", "message": f"unwritable result: {e}"}}
-        return dumps(error_result(rec, "internal_error", str(e)) if rec else err)
+        return dumps(error_result(rec, "internal_error", f"unwritable result: {e}"))
 
 
 def client_gone(sock: socket.socket) -> bool:
