@@ -111,6 +111,9 @@ CHOICES = {
     "precision": ("auto", "fp32", "bf16", "fp16"),
     "default_task": ("generate", "score", "next_token"),
 }
+# blocks per device per micro-step: far above what any accelerator holds (larger effective
+# batches come from grad_accum and more devices)
+MAX_BATCH = 1 << 16
 POSITIVE = {
     "batch_size",
     "grad_accum",
@@ -143,7 +146,7 @@ def _parse_value(name: str, raw: Any, typ: Any) -> Any:
         if base is float:
             return float(text)
         return text
-    except ValueError:
+    except (ValueError, OverflowError):  # int(float("inf")) overflows
         kind = {bool: "true or false", int: "an integer", float: "a number"}[base]
         raise SluiceError(f"hyperparameter {name}={raw!r} is not {kind}") from None
 
@@ -174,6 +177,13 @@ def parse_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
     for name in POSITIVE:
         if getattr(cfg, name) <= 0:
             raise SluiceError(f"hyperparameter {name} must be positive, got {getattr(cfg, name)}")
+    for name in ("batch_size", "grad_accum"):
+        if getattr(cfg, name) > MAX_BATCH:
+            raise SluiceError(
+                f"hyperparameter {name}={getattr(cfg, name)} is more than {MAX_BATCH}; "
+                "batch_size is blocks per device per micro-step (typically 1-64), grad_accum "
+                "micro-steps per update: make the batch larger with grad_accum and devices"
+            )
     if not 0.0 <= cfg.validation_fraction < 1.0:
         raise SluiceError("hyperparameter validation_fraction must be in [0, 1)")
     if not math.isfinite(cfg.learning_rate) or cfg.learning_rate <= 0:

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config
 from transformers.utils import logging as hf_logging
 
@@ -136,6 +137,11 @@ def load_model(model_dir: Path | str, dtype: torch.dtype | None = None, attn: st
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except SafetensorError as e:  # a truncated upload, or not safetensors at all
+        raise SluiceError(
+            f"{model_dir}: the weights (*.safetensors) cannot be read ({e}); the file is "
+            "truncated or damaged: upload the model again"
+        ) from None
     except (OSError, ValueError) as e:
         raise SluiceError(f"{model_dir}: cannot load model or tokenizer ({e})") from None
     ensure_pad_token(tokenizer)

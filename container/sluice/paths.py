@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import SluiceError
+
 
 def _env_path(name: str, default: Path) -> Path:
     value = os.environ.get(name)
@@ -74,9 +76,20 @@ class OptML:
 
     def hyperparameters(self) -> dict[str, str]:
         """SageMaker's hyperparameters.json (string to string); empty when absent."""
-        f = self.hyperparameters_file
-        return json.loads(f.read_text()) if f.exists() else {}
+        doc = _json_file(self.hyperparameters_file, "the job's HyperParameters")
+        if doc is not None and not isinstance(doc, dict):
+            raise SluiceError(f"{self.hyperparameters_file} must hold a JSON object of names")
+        return doc or {}
 
     def resourceconfig(self) -> dict | None:
-        f = self.resourceconfig_file
-        return json.loads(f.read_text()) if f.exists() else None
+        return _json_file(self.resourceconfig_file, "the job's resource configuration")
+
+
+def _json_file(f: Path, what: str):
+    """A JSON file SageMaker writes (None when absent); one clear error when it is not JSON."""
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SluiceError(f"{f} is not valid JSON ({e}); it should hold {what}") from None

@@ -319,6 +319,13 @@ def test_opt_ml_contract_end_to_end(tmp_path):
             {"train/t.txt": "".join(f"the cat {i} eats fish at noon.\n" for i in range(200))},
             "training diverged: the loss was",
         ),
+        (hp(batch_size="1e30"), {"train/t.txt": "a\n"}, "batch_size=1000000000000000019884"),
+        (hp(batch_size="inf"), {"train/t.txt": "a\n"}, "batch_size='inf' is not an integer"),
+        (
+            None,  # hyperparameters.json that is not JSON
+            {"train/t.txt": "a\n"},
+            "hyperparameters.json is not valid JSON",
+        ),
         (hp(), {"train/t.csv": "id,body\n1,hello\n"}, "no column 'text' in header"),
         (hp(), {"train/t.txt": "\n \n"}, "has no usable records"),
         (hp(), {"train/t.txt": b"ok\n\xff\xfe broken\n"}, "are not UTF-8"),
@@ -344,6 +351,9 @@ def test_opt_ml_contract_end_to_end(tmp_path):
         "bad-hyperparameter",
         "nan-learning-rate",
         "diverges",
+        "huge-batch",
+        "infinite-batch",
+        "hyperparameters-not-json",
         "csv-without-column",
         "empty-channel",
         "undecodable",
@@ -351,13 +361,34 @@ def test_opt_ml_contract_end_to_end(tmp_path):
     ],
 )
 def test_bad_input_fails_fast_with_one_line_and_no_model(tmp_path, hyperparameters, files, reason):
-    root = opt_ml_tree(tmp_path / "opt_ml", hyperparameters, files)
+    root = opt_ml_tree(tmp_path / "opt_ml", hyperparameters or {}, files)
+    if hyperparameters is None:
+        (root / "input" / "config" / "hyperparameters.json").write_text("{learning_rate: 1e-4")
     proc = run_sluice("train", env={"SLUICE_OPT_ML": str(root)}, check=False)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     failure = (root / "output" / "failure").read_text()
     assert reason in failure and failure.count("\n") == 1
     assert "Traceback" not in proc.stdout + proc.stderr
     assert not (root / "model").exists() or not any((root / "model").iterdir())
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bad-header"])
+def test_a_damaged_pretrained_model_fails_with_one_line(tmp_path, trained, damage):
+    """An upload cut short or a file that is not safetensors: one line saying so, exit 1."""
+    import shutil
+
+    root = opt_ml_tree(tmp_path / "opt_ml", hp(max_steps=2), {"train/t.txt": "a b\n"})
+    pretrained = root / "input" / "data" / "pretrained"
+    shutil.copytree(trained["model"], pretrained)
+    weights = pretrained / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\xff" * 8 + data[8:])
+    proc = run_sluice("train", env={"SLUICE_OPT_ML": str(root)}, check=False)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failure = (root / "output" / "failure").read_text()
+    assert "the weights (*.safetensors) cannot be read" in failure and failure.count("\n") == 1
+    assert "upload the model again" in failure
+    assert "Traceback" not in proc.stdout + proc.stderr
 
 
 def test_evaluate_command_scores_several_models_on_the_same_records(trained, corpus_dir):
