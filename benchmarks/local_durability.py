@@ -8,11 +8,13 @@ sees it over HTTP:
 - sequential calls, one at a time: S3 PutObject, SQS SendMessage, DynamoDB PutItem (the cost per
   request: acknowledged - periodic);
 - the snapshot itself (the state at the end of the round: size on disk, and how long one takes).
-No model is installed, so uploads end as start_transform's "no model yet" reports; the measure
-is the local AWS APIs, not the container.
+Without `--model`, uploads end as start_transform's "no model yet" reports and the measure is
+the local AWS APIs; with a model folder, also the seconds until a transform job has answered the
+whole burst (its _SUCCESS.json), as a user waits for it.
 
     python -m benchmarks.local_durability [--rounds 3] [--uploads 60] [--threads 8]
         [--from-state sluice-demo/local]   # a state that has lived a while
+        [--model DIR]                      # end to end, through a transform job
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ def start(state: Path, mode: str) -> tuple[subprocess.Popen, dict]:
     return proc, json.loads(ready.read_text())
 
 
-def clients(endpoint: str) -> dict:
+def clients(endpoint: str, service: str | None = None):
+    """boto3 clients on the local endpoint: one `service`, or S3, SQS and DynamoDB by name."""
     cfg = Config(retries={"max_attempts": 1}, max_pool_connections=32)
     kw = dict(
         endpoint_url=endpoint,
@@ -72,6 +75,8 @@ def clients(endpoint: str) -> dict:
         aws_secret_access_key="local",
         config=cfg,
     )
+    if service:
+        return boto3.client(service, **kw)
     return {s: boto3.client(s, **kw) for s in ("s3", "sqs", "dynamodb")}
 
 
@@ -99,10 +104,22 @@ def one_round(mode: str, args) -> dict:
                 key = f"incoming/bench/{mode}-{i:04d}.jsonl"
                 return timed(lambda: c["s3"].put_object(Bucket=bucket, Key=key, Body=body))
 
+            users = None
+            if args.model:  # end to end: the burst answered by a transform job and its report
+                from sluice_local.demo import Users
+
+                endpoint = status["endpoint"]
+                users = Users(lambda svc: clients(endpoint, svc), status["outputs"], state)
+                users.use_model(args.model, "sluice-bench-model")
             t0 = time.perf_counter()
             with ThreadPoolExecutor(args.threads) as pool:
                 burst = list(pool.map(put, range(args.uploads)))
             burst_s = time.perf_counter() - t0
+            answered = {}
+            if users is not None:
+                keys = [f"incoming/bench/{mode}-{i:04d}.jsonl" for i in range(args.uploads)]
+                users.wait_for_reports(keys)
+                answered = {"answered_s": time.perf_counter() - t0}
             time.sleep(2)  # let the pollers take the burst before the sequential calls
             url = c["sqs"].create_queue(QueueName="bench")["QueueUrl"]
             table = "sluice-local-claims"
@@ -131,6 +148,7 @@ def one_round(mode: str, args) -> dict:
         "burst_uploads_per_s": args.uploads / burst_s,
         "burst_p50_ms": statistics.median(burst),
         "burst_max_ms": max(burst),
+        **answered,
         **{f"{k}_p50_ms": statistics.median(v) for k, v in seq.items()},
         **snap,
     }
@@ -175,6 +193,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40, help="sequential calls of each kind")
     ap.add_argument("--out", default="benchmarks/results/local_durability.json")
     ap.add_argument("--from-state", type=Path, help="start each stack from a copy of this state")
+    ap.add_argument(
+        "--model", type=Path, help="a model folder: also time the burst until a job answered it"
+    )
     ap.add_argument("--snapshot-of", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.snapshot_of:
@@ -193,6 +214,11 @@ def main() -> None:
     summary["ratios"] = {
         "burst_throughput_acknowledged_over_periodic": a["burst_uploads_per_s"]
         / p["burst_uploads_per_s"],
+        **(
+            {"answered_time_acknowledged_over_periodic": a["answered_s"] / p["answered_s"]}
+            if "answered_s" in a
+            else {}
+        ),
         **{
             f"{k}_added_ms": a[f"{k}_p50_ms"] - p[f"{k}_p50_ms"]
             for k in ("s3_put", "sqs_send", "ddb_put")

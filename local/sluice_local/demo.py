@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,6 +70,25 @@ class Users:
     def keys(self, prefix: str) -> list[str]:
         pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
         return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def use_model(self, model_dir: Path, name: str, image: str = "sluice:local") -> str:
+        """A model trained elsewhere, as docs/batch.md tells users to bring one: its folder as
+        model.tar.gz in the data bucket, a SageMaker Model, and the parameter batch reads."""
+        from .sagemaker.runtime import tar_dir
+
+        key = f"models/{name}/model.tar.gz"
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = tar_dir(Path(model_dir), Path(tmp) / "model.tar.gz")
+            self.s3.upload_file(str(archive), self.bucket, key)
+        self.client("sagemaker").create_model(
+            ModelName=name,
+            ExecutionRoleArn=self.outputs["SageMakerExecutionRoleArn"],
+            PrimaryContainer={"Image": image, "ModelDataUrl": f"s3://{self.bucket}/{key}"},
+        )
+        self.client("ssm").put_parameter(
+            Name=self.parameter, Value=name, Type="String", Overwrite=True
+        )
+        return name
 
     def champion(self) -> str:
         value = self.client("ssm").get_parameter(Name=self.parameter)["Parameter"]["Value"]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from sluice_local.sagemaker.runtime import tar_dir
 from tests.helpers import FIGURES, LocalUp
 
 pytestmark = pytest.mark.slow
@@ -75,31 +74,11 @@ def no_orphans(procs: dict[int, str]) -> None:
     assert not alive(procs), f"processes outlived the stack: {alive(procs)}"
 
 
-def install_model(stack: LocalUp, model_dir: Path, tmp: Path) -> str:
-    """A trained model as retraining would leave it: artifact in S3, a SageMaker Model, and the
-    parameter batch inference reads pointing at it."""
-    users = stack.users
-    archive = tar_dir(model_dir, tmp / "model.tar.gz")
-    stack.client("s3").upload_file(str(archive), users.bucket, "models/crash/model.tar.gz")
-    stack.client("sagemaker").create_model(
-        ModelName="sluice-crash-model",
-        ExecutionRoleArn="arn:aws:iam::123456789012:role/sluice-local-sagemaker",
-        PrimaryContainer={
-            "Image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/sluice:local",
-            "ModelDataUrl": f"s3://{users.bucket}/models/crash/model.tar.gz",
-        },
-    )
-    stack.client("ssm").put_parameter(
-        Name=users.parameter, Value="sluice-crash-model", Type="String", Overwrite=True
-    )
-    return "sluice-crash-model"
-
-
 def test_kill_9_at_each_point_of_the_flow_loses_and_repeats_nothing(tmp_path, trained):
     state = tmp_path / "state"
     state.mkdir()
     stack = LocalUp(state, OVERRIDES).start()
-    install_model(stack, trained["model"], tmp_path)
+    stack.users.use_model(trained["model"], "sluice-crash-model")
     users = stack.users
     keys = [f"incoming/crash/file-{i:02d}.txt" for i in range(UPLOADS)]
     with ThreadPoolExecutor(8) as pool:  # a burst: all acknowledged within a second
