@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import tarfile
 import tempfile
 from pathlib import Path
@@ -13,6 +14,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Co
 from transformers.utils import logging as hf_logging
 
 from .errors import SluiceError
+
+log = logging.getLogger("sluice.model")
 
 # Per-shard progress bars and advisory warnings drown the job's own log lines.
 hf_logging.disable_progress_bar()
@@ -152,6 +155,26 @@ def ensure_pad_token(tokenizer) -> None:
     """Batching needs a pad token; many causal LMs ship none, so reuse EOS (masked anyway)."""
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+
+
+def fit_embeddings(model, tokenizer) -> int | None:
+    """Give every token of the tokenizer an embedding row, before the first step: some
+    checkpoints ship a tokenizer with tokens beyond the embedding (a pad token whose id is the
+    embedding's size); without this the first batch holding one fails, after hours of training.
+    New rows start at the mean of the others (transformers' default). Returns the new size, or
+    None when nothing changed."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) <= rows:
+        return None
+    model.resize_token_embeddings(len(tokenizer))
+    log.warning(
+        "the tokenizer has %d tokens, the model's embedding %d rows: resized to %d (new rows "
+        "start at the mean embedding)",
+        len(tokenizer),
+        rows,
+        len(tokenizer),
+    )
+    return len(tokenizer)
 
 
 def read_sluice_json(model_dir: Path) -> dict:

@@ -33,6 +33,7 @@ from .metrics import metric_line, strict_json
 from .model import (
     build_scratch_model,
     ensure_pad_token,
+    fit_embeddings,
     load_model,
     parameter_count,
     size_config,
@@ -141,6 +142,7 @@ def prepare(opt: OptML, cfg: TrainConfig, ranks: Ranks):
     stats = json.loads((work / "data.json").read_text())
     if loaded is not None:
         model, tokenizer = loaded
+        fit_embeddings(model, tokenizer)
     else:
         if ranks.local_rank == 0 and not (work / "tokenizer" / "tokenizer.json").exists():
             if (ckpt_tok / "tokenizer.json").exists():

@@ -372,6 +372,41 @@ def test_bad_input_fails_fast_with_one_line_and_no_model(tmp_path, hyperparamete
     assert not (root / "model").exists() or not any((root / "model").iterdir())
 
 
+def test_a_tokenizer_larger_than_the_embedding_is_fitted_before_the_first_step(
+    tmp_path, trained, corpus_dir
+):
+    """As some Qwen2 checkpoints ship: a pad token whose id is the embedding's size (here two new
+    tokens, the pad one of them). The embedding grows (with a log line) before training, and
+    every step and the evaluation run (before: a crash after the last step)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    pretrained = tmp_path / "pretrained"
+    shutil.copytree(trained["model"], pretrained)
+    tok = AutoTokenizer.from_pretrained(pretrained)
+    rows = AutoConfig.from_pretrained(pretrained).vocab_size
+    assert len(tok) == rows
+    tok.add_special_tokens({"pad_token": "<|newpad|>", "additional_special_tokens": ["<|x|>"]})
+    tok.save_pretrained(pretrained)
+    out = tmp_path / "job"
+    proc = run_sluice(
+        "train",
+        "--train",
+        str(corpus_dir / "train"),
+        "--pretrained",
+        str(pretrained),
+        "--output",
+        str(out),
+        *sets(hp(max_steps=4)),
+    )
+    assert f"the tokenizer has {rows + 2} tokens, the model's embedding {rows} rows" in (
+        proc.stdout + proc.stderr
+    )
+    assert AutoConfig.from_pretrained(out / "model").vocab_size == rows + 2
+    assert read_json(out / "model" / "evaluation.json")["challenger"]["records"] > 0
+
+
 @pytest.mark.parametrize("damage", ["truncated", "bad-header"])
 def test_a_damaged_pretrained_model_fails_with_one_line(tmp_path, trained, damage):
     """An upload cut short or a file that is not safetensors: one line saying so, exit 1."""
