@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import SluiceError
+
 log = logging.getLogger(__name__)
 PATTERN = re.compile(r"^step-(\d+)\.pt$")
 
@@ -49,7 +51,14 @@ def save(folder: Path, step: int, state: dict, keep: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step-{step:08d}.pt"
     tmp = folder / f".{path.name}.tmp"
-    torch.save({**state, "step": step, "rng": rng_state()}, tmp)
+    try:
+        torch.save({**state, "step": step, "rng": rng_state()}, tmp)
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as RuntimeError
+        tmp.unlink(missing_ok=True)
+        raise SluiceError(
+            f"cannot write checkpoint {path} ({e}); the checkpoint volume is full or not "
+            "writable: give it more space, or keep fewer checkpoints (keep_checkpoints)"
+        ) from None
     os.replace(tmp, path)
     for _, old in checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import shutil
 import signal
 import time
@@ -465,16 +466,38 @@ def publish_artifacts(prefix: str, evaluation: Path, edge: Path) -> list[str]:
 
 
 def publish(staging: Path, model_dir: Path) -> None:
-    """Move a complete model into model_dir: a failed job never leaves half a model there."""
+    """Move a complete model into model_dir: a failed job never leaves half a model there.
+
+    Renames cannot fail for space, copies can: when the staging folder is on another filesystem
+    than model_dir (SageMaker mounts /opt/ml/model), the model is first copied next to its
+    destination, and only a complete copy is renamed into place, config.json last.
+    """
     model_dir.mkdir(parents=True, exist_ok=True)
-    for item in staging.iterdir():
+    source = staging
+    if not _same_filesystem(staging, model_dir):
+        source = model_dir / ".staging"
+        shutil.rmtree(source, ignore_errors=True)
+        try:
+            shutil.copytree(staging, source)
+        except OSError as e:
+            shutil.rmtree(source, ignore_errors=True)
+            raise SluiceError(
+                f"cannot write the model to {model_dir} ({e}); nothing was published: give "
+                "the job more volume (VolumeSizeInGB) or a smaller model"
+            ) from None
+    for item in sorted(source.iterdir(), key=lambda p: p.name == "config.json"):
         target = model_dir / item.name
         if target.is_dir():
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
-        shutil.move(str(item), target)
-    staging.rmdir()
+        os.replace(item, target)
+    source.rmdir()
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _same_filesystem(a: Path, b: Path) -> bool:
+    return os.stat(a).st_dev == os.stat(b).st_dev
 
 
 def plot_loss_curve(history: History, path: Path) -> None:

@@ -1,0 +1,64 @@
+"""Publishing a trained model and writing checkpoints when the disk is full: nothing half done
+is left where SageMaker (or the next attempt) would read it."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+
+import pytest
+
+from sluice import checkpoint, train
+from sluice.errors import SluiceError
+
+
+def staged(tmp_path):
+    staging = tmp_path / "work" / "model-staging"
+    (staging / "edge").mkdir(parents=True)
+    for name in ("model.safetensors", "tokenizer.json", "config.json", "edge/model.pt"):
+        (staging / name).write_text(name)
+    return staging
+
+
+def test_a_model_on_another_filesystem_is_copied_beside_its_destination_then_renamed(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(train, "_same_filesystem", lambda a, b: False)
+    model_dir = tmp_path / "opt_ml" / "model"
+    (model_dir).mkdir(parents=True)
+    (model_dir / "old-file").write_text("from the image")
+    train.publish(staged(tmp_path), model_dir)
+    names = sorted(p.name for p in model_dir.iterdir())
+    assert names == ["config.json", "edge", "model.safetensors", "old-file", "tokenizer.json"]
+    assert (model_dir / "edge" / "model.pt").read_text() == "edge/model.pt"
+    assert not (tmp_path / "work" / "model-staging").exists()
+
+
+def test_a_full_disk_while_copying_the_model_publishes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(train, "_same_filesystem", lambda a, b: False)
+    copied = []
+    copyfile = shutil.copyfile
+
+    def one_file_then_full(src, dst, **kw):
+        if copied:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        copied.append(src)
+        return copyfile(src, dst, **kw)
+
+    monkeypatch.setattr(shutil, "copyfile", one_file_then_full)
+    model_dir = tmp_path / "opt_ml" / "model"
+    with pytest.raises(SluiceError, match=r"No space left on device.*nothing was published"):
+        train.publish(staged(tmp_path), model_dir)
+    assert list(model_dir.iterdir()) == []  # no partial weights, no config.json, no .staging
+
+
+def test_a_full_disk_while_checkpointing_leaves_no_temporary_file(tmp_path, monkeypatch):
+    def save(obj, path):
+        with open(path, "wb") as f:
+            f.write(b"half a checkpoint")
+        raise RuntimeError("PytorchStreamWriter failed writing file: No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    with pytest.raises(SluiceError, match=r"cannot write checkpoint .*keep_checkpoints"):
+        checkpoint.save(tmp_path, 10, {"model": {}}, keep=2)
+    assert list(tmp_path.iterdir()) == []
