@@ -33,6 +33,7 @@ from .hyperparameters import TrainConfig
 from .metrics import metric_line, strict_json
 from .model import (
     build_scratch_model,
+    context_length,
     ensure_pad_token,
     fit_embeddings,
     load_model,
@@ -79,6 +80,16 @@ def precision_for(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
     if cfg.precision == "bf16" or (cfg.precision == "auto" and torch.cuda.is_bf16_supported()):
         return torch.bfloat16
     return torch.float16
+
+
+def precision_text(stored: torch.dtype, amp: torch.dtype | None) -> str:
+    """What the log says about precision: the weights trained, the checkpoint's, the compute."""
+    name = str(stored).removeprefix("torch.")
+    weights = "float32 weights"
+    if name != "float32":
+        weights += f" (the checkpoint's {name}, upcast)"
+    compute = f"{str(amp).removeprefix('torch.')} autocast" if amp else "float32"
+    return f"{weights}, {compute} compute"
 
 
 def lr_factor(step: int, cfg: TrainConfig, total: int) -> float:
@@ -194,8 +205,7 @@ def run_training(
     if model is None:
         torch.manual_seed(cfg.seed)
         model = build_scratch_model(cfg, tokenizer)
-    context = getattr(model.config, "n_positions", None) or model.config.max_position_embeddings
-    block = min(cfg.block_size, context)
+    block = min(cfg.block_size, context_length(model.config))
     train_blocks = PackedBlocks(opt.work_dir / "train.bin", block, len(tokenizer))
     val_blocks = PackedBlocks(opt.work_dir / "validation.bin", block, len(tokenizer))
     if len(train_blocks) == 0:
@@ -203,7 +213,10 @@ def run_training(
             f"training data is {len(train_blocks.tokens)} tokens, less than one block of {block}: "
             "add data or lower block_size"
         )
-    model.to(device)
+    stored_dtype = next(model.parameters()).dtype
+    # fp32 master weights whatever the checkpoint holds: AdamW steps on bf16 weights lose most
+    # small updates; bf16 compute comes from autocast where the device has it
+    model.float().to(device)
     raw_model = model
     if ranks.distributed:
         model = DDP(model, device_ids=[ranks.local_rank] if device.type == "cuda" else None)
@@ -238,7 +251,7 @@ def run_training(
     if ranks.is_main:
         log.info(
             "training %s model: %s parameters, %d train blocks of %d tokens, %d steps, device %s, "
-            "world size %d, precision %s",
+            "world size %d, precision: %s",
             mode,
             f"{parameter_count(raw_model):,}",
             len(train_blocks),
@@ -246,7 +259,7 @@ def run_training(
             total,
             device,
             ranks.world_size,
-            amp_dtype or torch.float32,
+            precision_text(stored_dtype, amp_dtype),
         )
 
     def save_checkpoint() -> None:

@@ -407,6 +407,38 @@ def test_a_tokenizer_larger_than_the_embedding_is_fitted_before_the_first_step(
     assert read_json(out / "model" / "evaluation.json")["challenger"]["records"] > 0
 
 
+def test_a_bfloat16_checkpoint_trains_with_float32_master_weights_on_cpu(
+    tmp_path, trained, corpus_dir
+):
+    """AdamW on bf16 weights loses most small updates; the log says what is really used."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    bf16 = tmp_path / "bf16"
+    model = AutoModelForCausalLM.from_pretrained(trained["model"], dtype=torch.bfloat16)
+    model.save_pretrained(bf16)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bf16 / name).write_bytes((trained["model"] / name).read_bytes())
+    out = tmp_path / "job"
+    proc = run_sluice(
+        "train",
+        "--train",
+        str(corpus_dir / "train"),
+        "--pretrained",
+        str(bf16),
+        "--output",
+        str(out),
+        *sets(hp(max_steps=4, checkpoint_interval=2)),
+    )
+    log = proc.stdout + proc.stderr
+    assert "precision: float32 weights (the checkpoint's bfloat16, upcast), float32 compute" in log
+    (ckpt,) = (out / "checkpoints").glob("step-*.pt")
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert {t.dtype for t in state["model"].values()} == {torch.float32}
+    moments = [v for s in state["optimizer"]["state"].values() for v in s.values()]
+    assert {t.dtype for t in moments if t.dim() > 0} == {torch.float32}
+
+
 @pytest.mark.parametrize("damage", ["truncated", "bad-header"])
 def test_a_damaged_pretrained_model_fails_with_one_line(tmp_path, trained, damage):
     """An upload cut short or a file that is not safetensors: one line saying so, exit 1."""
