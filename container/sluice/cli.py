@@ -78,14 +78,14 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     opt = OptML.from_env()
     rank = int(os.environ.get("RANK", 0))
     try:
-        from .distributed import exec_torchrun, torchrun_args
+        from .distributed import run_torchrun, torchrun_args
         from .hyperparameters import parse_hyperparameters
 
         raw = {**opt.hyperparameters(), **parse_sets(args.set)}
         cfg = parse_hyperparameters(raw)
         launch = torchrun_args(opt, args.nproc)
         if launch is not None:
-            exec_torchrun(launch, argv)
+            return run_torchrun(launch, argv)
         from .train import Interrupted, StopFlag, run_training
 
         stop = StopFlag(stop_after_step=int(os.environ.get("SLUICE_STOP_AFTER_STEP", 0)))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 
 from .paths import OptML
+
+log = logging.getLogger("sluice.distributed")
 
 MASTER_PORT = 7777  # the port SageMaker's PyTorch toolkit uses
 
@@ -125,11 +127,24 @@ def _worker_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def exec_torchrun(args: list[str], argv: list[str]) -> None:
-    """Replace this process with torchrun running the same command (signals reach torchrun)."""
+def run_torchrun(args: list[str], argv: list[str]) -> int:
+    """Run torchrun's launcher in this process with the same command for each worker; returns
+    the job's exit status. SIGTERM (StopTrainingJob, spot) reaches the launcher, which passes it
+    to the workers (each saves its checkpoint): 128 + the signal, as a single process exits, not
+    torchrun's traceback and 1. A failed worker: 1, its failure file says why."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
     worker = ["-m", "sluice.cli", *_worker_argv(argv)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *args, *worker]
-    print("launching: " + " ".join(cmd), flush=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execv(sys.executable, cmd)
+    print("launching: torchrun " + " ".join([*args, *worker]), flush=True)
+    try:
+        run(get_args_parser().parse_args([*args, *worker]))
+    except SignalException as e:
+        log.warning("stopped by %s: the workers saved their checkpoint", e.sigval.name)
+        return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        codes = sorted({f.exitcode for f in e.failures.values()})
+        log.error("training failed in worker(s) with exit status %s", codes)
+        return 128 + 15 if codes == [128 + 15] else 1
+    return 0

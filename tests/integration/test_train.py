@@ -208,7 +208,11 @@ def test_resume_after_interruption_equals_the_uninterrupted_run(tmp_path, corpus
     assert loss_part == pytest.approx(loss_full, abs=1e-5)
 
 
-def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir):
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir, nproc):
+    """StopTrainingJob or a spot interruption: a checkpoint, then 143 (128 + SIGTERM), also
+    when torchrun runs the workers (it passes the signal on; before, it exited 1 with a
+    traceback)."""
     out = tmp_path / "job"
     cmd = [
         sys.executable,
@@ -219,7 +223,9 @@ def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir):
         str(corpus_dir / "train"),
         "--output",
         str(out),
-        *sets(hp(max_steps=100000, log_interval=1)),
+        "--nproc",
+        str(nproc),
+        *sets(hp(max_steps=100000, log_interval=1, batch_size=4)),
     ]
     proc = subprocess.Popen(
         cmd,
@@ -239,6 +245,7 @@ def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir):
     elapsed = time.monotonic() - sent
     assert proc.returncode == 143, "".join(lines) + rest
     assert "SIGTERM received" in rest and "checkpoint saved" in rest
+    assert "Traceback" not in rest
     assert list((out / "checkpoints").glob("step-*.pt"))
     assert elapsed < 120  # SageMaker's grace period before SIGKILL
     assert not (out / "output" / "failure").exists()
