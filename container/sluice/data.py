@@ -240,29 +240,58 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
+PIECE_CHARS = 1 << 20  # a record longer than this is tokenised a piece at a time
+BATCH_CHARS = 4 << 20  # text handed to the tokenizer at once
+
+
+def pieces(text: str, limit: int = PIECE_CHARS) -> list[str]:
+    """`text` cut into pieces of at most `limit` characters, each cut just before whitespace
+    (where byte-level BPE starts a new word anyway), so the tokens come out as for the whole."""
+    out = []
+    while len(text) > limit:
+        cut = max(text.rfind(" ", 0, limit), text.rfind("\n", 0, limit))
+        cut = cut if cut > 0 else limit  # one "word" longer than the limit: cut it anyway
+        out.append(text[:cut])
+        text = text[cut:]
+    out.append(text)
+    return out
+
+
 def pack_tokens(lines: Iterable[str], tokenizer, out: Path, eos_id: int, batch: int = 1000) -> int:
-    """Tokenise records in batches and append ids (each record ending in EOS) to a flat file."""
+    """Tokenise records in batches and append ids (each record ending in EOS) to a flat file.
+
+    Memory stays bounded whatever the records: a batch is at most `batch` pieces and about
+    BATCH_CHARS characters, and a record longer than PIECE_CHARS is tokenised piece by piece (a
+    fast tokenizer's offsets and encodings for one 50 MB string took 9 GB)."""
     dtype = token_dtype(len(tokenizer))
     total = 0
     buf: list[str] = []
+    ends: list[bool] = []  # whether each piece ends its record (EOS after it)
+    chars = 0
     with open(out, "wb") as f:
 
         def flush() -> None:
-            nonlocal total
+            nonlocal total, chars
             ids = tokenizer(buf, add_special_tokens=False)["input_ids"]
             flat = np.fromiter(
-                (t for seq in ids for t in (*seq, eos_id)),
+                (t for seq, end in zip(ids, ends, strict=True) for t in (*seq, *[eos_id] * end)),
                 dtype=dtype,
-                count=sum(map(len, ids)) + len(ids),
+                count=sum(map(len, ids)) + sum(ends),
             )
             f.write(flat.tobytes())
             total += len(flat)
             buf.clear()
+            ends.clear()
+            chars = 0
 
         for line in lines:
-            buf.append(line)
-            if len(buf) >= batch:
-                flush()
+            parts = pieces(line)
+            for i, part in enumerate(parts):
+                buf.append(part)
+                ends.append(i == len(parts) - 1)
+                chars += len(part)
+                if len(buf) >= batch or chars >= BATCH_CHARS:
+                    flush()
         if buf:
             flush()
     return total

@@ -110,3 +110,31 @@ def test_packing_appends_eos_and_blocks_are_deterministic(tmp_path):
     assert (blocks.tokens == tok.eos_token_id).sum() == len(texts)
     np.testing.assert_array_equal(blocks.order(1, 0), blocks.order(1, 0))
     assert not np.array_equal(blocks.order(1, 0), blocks.order(1, 1))
+
+
+def test_a_huge_record_is_tokenised_piece_by_piece_with_the_same_tokens(tmp_path, monkeypatch):
+    """One 3M-character record (a 50 MB one took 9 GB as one string): the tokenizer never sees
+    more than a piece at a time, and the ids are those of the whole record."""
+    from sluice import data
+    from sluice.tokenizer import train_bpe
+
+    rng = random.Random(0)
+    words = [f"w{i}x" for i in range(300)] + ["the", "cat", "sat", "on", "mat"]
+    huge = " ".join(rng.choice(words) for _ in range(600_000)) + "\nend of it"
+    tok = train_bpe([huge[:20000]], 400)
+    seen = []
+    real_call = type(tok).__call__
+
+    def spy(self, texts, **kw):
+        seen.append(sum(map(len, texts)))
+        return real_call(self, texts, **kw)
+
+    monkeypatch.setattr(type(tok), "__call__", spy)
+    n = pack_tokens(["short one", huge, "after"], tok, tmp_path / "t.bin", tok.eos_token_id)
+    assert len(seen) >= 2 and max(seen) <= data.BATCH_CHARS + data.PIECE_CHARS
+    monkeypatch.undo()
+    ids = np.memmap(tmp_path / "t.bin", dtype=data.token_dtype(len(tok)), mode="r")
+    whole = [tok(t, add_special_tokens=False)["input_ids"] for t in ("short one", huge, "after")]
+    expected = [t for seq in whole for t in (*seq, tok.eos_token_id)]
+    assert n == len(expected)
+    np.testing.assert_array_equal(ids, np.array(expected, dtype=ids.dtype))
