@@ -126,12 +126,13 @@ def test_a_huge_record_is_tokenised_piece_by_piece_with_the_same_tokens(tmp_path
     real_call = type(tok).__call__
 
     def spy(self, texts, **kw):
-        seen.append(sum(map(len, texts)))
+        seen.append((sum(map(len, texts)), max(map(len, texts))))
         return real_call(self, texts, **kw)
 
     monkeypatch.setattr(type(tok), "__call__", spy)
     n = pack_tokens(["short one", huge, "after"], tok, tmp_path / "t.bin", tok.eos_token_id)
-    assert len(seen) >= 2 and max(seen) <= data.BATCH_CHARS + data.PIECE_CHARS
+    assert max(total for total, _ in seen) <= data.BATCH_CHARS + data.PIECE_CHARS
+    assert max(longest for _, longest in seen) <= data.PIECE_CHARS  # never the whole record
     monkeypatch.undo()
     ids = np.memmap(tmp_path / "t.bin", dtype=data.token_dtype(len(tok)), mode="r")
     whole = [tok(t, add_special_tokens=False)["input_ids"] for t in ("short one", huge, "after")]
