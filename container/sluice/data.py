@@ -240,8 +240,8 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-PIECE_CHARS = 1 << 20  # a record longer than this is tokenised a piece at a time
-BATCH_CHARS = 4 << 20  # text handed to the tokenizer at once
+PIECE_CHARS = 1 << 18  # a record longer than this is tokenised a piece at a time
+BATCH_CHARS = 1 << 20  # text handed to the tokenizer at once (~190 bytes of memory a char)
 
 
 def pieces(text: str, limit: int = PIECE_CHARS) -> list[str]:
