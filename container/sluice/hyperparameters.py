@@ -69,6 +69,11 @@ class TrainConfig:
     precision: str = _doc(
         "auto (bf16 or fp16 on GPU, fp32 on CPU), fp32, bf16 or fp16", default="auto"
     )
+    activation_checkpointing: bool = _doc(
+        "recompute each layer's activations in the backward pass: far less activation memory "
+        "for about a third more compute",
+        default=False,
+    )
     # bookkeeping
     log_interval: int = _doc("steps between training log lines", default=10)
     eval_interval: int = _doc("steps between validation estimates (0: only at the end)", default=0)

@@ -217,6 +217,8 @@ def run_training(
     # fp32 master weights whatever the checkpoint holds: AdamW steps on bf16 weights lose most
     # small updates; bf16 compute comes from autocast where the device has it
     model.float().to(device)
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     raw_model = model
     if ranks.distributed:
         model = DDP(model, device_ids=[ranks.local_rank] if device.type == "cuda" else None)

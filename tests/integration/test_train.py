@@ -177,6 +177,27 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(model_dir / "model.safetensors")
 
 
+def test_activation_checkpointing_trains_the_same_model(tmp_path, corpus_dir):
+    """Recomputing activations in the backward pass changes memory, not the arithmetic."""
+    runs = {}
+    for flag in ("false", "true"):
+        out = tmp_path / flag
+        proc = run_sluice(
+            "train",
+            "--train",
+            str(corpus_dir / "train"),
+            "--output",
+            str(out),
+            *sets(hp(max_steps=6, log_interval=1, activation_checkpointing=flag)),
+        )
+        runs[flag] = (train_losses(proc.stdout), load_file(out / "model" / "model.safetensors"))
+    (losses, weights), (losses_ckpt, weights_ckpt) = runs["false"], runs["true"]
+    assert len(losses) == 6
+    assert losses_ckpt == pytest.approx(losses, abs=1e-5)
+    for name in weights:
+        torch.testing.assert_close(weights[name], weights_ckpt[name], rtol=0, atol=1e-5)
+
+
 def test_resume_after_interruption_equals_the_uninterrupted_run(tmp_path, corpus_dir):
     params = hp(max_steps=20, checkpoint_interval=5, dropout=0.1)
     train = ["train", "--train", str(corpus_dir / "train")]
