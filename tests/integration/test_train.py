@@ -29,6 +29,13 @@ MODEL_FILES = {
 }
 
 
+def train(data: Path, out: Path, *flags: str, **hyperparameters):
+    """`sluice train --train DATA --output OUT FLAGS...` with TINY hyperparameters and these."""
+    return run_sluice(
+        "train", "--train", str(data), "--output", str(out), *flags, *sets(hp(**hyperparameters))
+    )
+
+
 def test_scratch_training_lowers_loss_and_reopens_with_plain_transformers(trained):
     losses = train_losses(trained["stdout"])
     assert len(losses) == 8
@@ -182,13 +189,8 @@ def test_activation_checkpointing_trains_the_same_model(tmp_path, corpus_dir):
     runs = {}
     for flag in ("false", "true"):
         out = tmp_path / flag
-        proc = run_sluice(
-            "train",
-            "--train",
-            str(corpus_dir / "train"),
-            "--output",
-            str(out),
-            *sets(hp(max_steps=6, log_interval=1, activation_checkpointing=flag)),
+        proc = train(
+            corpus_dir / "train", out, max_steps=6, log_interval=1, activation_checkpointing=flag
         )
         runs[flag] = (train_losses(proc.stdout), load_file(out / "model" / "model.safetensors"))
     (losses, weights), (losses_ckpt, weights_ckpt) = runs["false"], runs["true"]
@@ -275,15 +277,8 @@ def test_sigterm_writes_a_checkpoint_and_exits(tmp_path, corpus_dir, nproc):
 @pytest.mark.slow
 def test_two_process_ddp_on_cpu_has_one_writer(tmp_path, corpus_dir):
     out = tmp_path / "job"
-    proc = run_sluice(
-        "train",
-        "--train",
-        str(corpus_dir / "train"),
-        "--output",
-        str(out),
-        "--nproc",
-        "2",
-        *sets(hp(max_steps=10, checkpoint_interval=5, batch_size=4)),
+    proc = train(
+        corpus_dir / "train", out, "--nproc", "2", max_steps=10, checkpoint_interval=5, batch_size=4
     )
     assert "--nproc_per_node=2" in proc.stdout
     assert "world size 2" in proc.stdout
@@ -418,16 +413,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_fitted_before_the_first_step(
     tok.add_special_tokens({"pad_token": "<|newpad|>", "additional_special_tokens": ["<|x|>"]})
     tok.save_pretrained(pretrained)
     out = tmp_path / "job"
-    proc = run_sluice(
-        "train",
-        "--train",
-        str(corpus_dir / "train"),
-        "--pretrained",
-        str(pretrained),
-        "--output",
-        str(out),
-        *sets(hp(max_steps=4)),
-    )
+    proc = train(corpus_dir / "train", out, "--pretrained", str(pretrained), max_steps=4)
     assert f"the tokenizer has {rows + 2} tokens, the model's embedding {rows} rows" in (
         proc.stdout + proc.stderr
     )
@@ -448,15 +434,8 @@ def test_a_bfloat16_checkpoint_trains_with_float32_master_weights_on_cpu(
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (bf16 / name).write_bytes((trained["model"] / name).read_bytes())
     out = tmp_path / "job"
-    proc = run_sluice(
-        "train",
-        "--train",
-        str(corpus_dir / "train"),
-        "--pretrained",
-        str(bf16),
-        "--output",
-        str(out),
-        *sets(hp(max_steps=4, checkpoint_interval=2)),
+    proc = train(
+        corpus_dir / "train", out, "--pretrained", str(bf16), max_steps=4, checkpoint_interval=2
     )
     log = proc.stdout + proc.stderr
     assert "precision: float32 weights (the checkpoint's bfloat16, upcast), float32 compute" in log
