@@ -12,7 +12,6 @@ subscriptions).
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from .persist import SERVICES, Store, changed_by
@@ -77,7 +76,6 @@ class Durability:
         self.error: Exception | None = None
         self.closed = False
         self.snapshots = 0
-        self.snapshot_s = 0.0
         self.thread = threading.Thread(target=self._loop, daemon=True, name="snapshots")
 
     def start(self) -> None:
@@ -110,7 +108,6 @@ class Durability:
     def write(self, full: bool = False) -> int:
         """One snapshot, between requests: of the services changed since the last one (of all
         when `full`: what moto's own threads change is not announced)."""
-        t0 = time.perf_counter()
         with self.write_lock:
             self.lock.acquire_exclusive()
             try:
@@ -134,7 +131,6 @@ class Durability:
                 raise
         self.legacy.unlink(missing_ok=True)  # moto.pickle of an older stack: now in the store
         self.snapshots += 1
-        self.snapshot_s += time.perf_counter() - t0
         return covered
 
     def _loop(self) -> None:
