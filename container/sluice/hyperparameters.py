@@ -40,6 +40,19 @@ class TrainConfig:
         "fine-tune this Hugging Face model id (cloud only; or use a `pretrained` channel)",
         default="",
     )
+    finetune_method: str = _doc(
+        "full (every weight) or lora (low-rank adapters through PEFT, merged into the published "
+        "model)",
+        default="full",
+    )
+    lora_r: int = _doc("LoRA rank", default=8)
+    lora_alpha: int = _doc("LoRA scaling numerator (scale = lora_alpha / lora_r)", default=16)
+    lora_dropout: float = _doc("dropout on the LoRA path", default=0.05)
+    lora_target_modules: str = _doc(
+        "comma-separated module names to adapt (empty: PEFT's default for the architecture, "
+        "e.g. q_proj,v_proj for Llama, c_attn for GPT-2)",
+        default="",
+    )
     # data
     text_field: str = _doc("JSON Lines field holding the text", default="text")
     text_column: str = _doc("CSV column holding the text", default="text")
@@ -110,6 +123,7 @@ class TrainConfig:
 
 
 CHOICES = {
+    "finetune_method": ("full", "lora"),
     "model_size": ("tiny", "small", "base"),
     "txt_mode": ("line", "document"),
     "lr_schedule": ("cosine", "linear"),
@@ -120,6 +134,8 @@ CHOICES = {
 # batches come from grad_accum and more devices)
 MAX_BATCH = 1 << 16
 POSITIVE = {
+    "lora_r",
+    "lora_alpha",
     "batch_size",
     "grad_accum",
     "block_size",

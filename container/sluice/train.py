@@ -30,6 +30,7 @@ from .distributed import Ranks
 from .errors import SluiceError
 from .evaluate import evaluate_model, evaluation_report
 from .hyperparameters import TrainConfig
+from .lora import publishable, with_lora
 from .metrics import metric_line, strict_json
 from .model import (
     build_scratch_model,
@@ -219,6 +220,13 @@ def run_training(
     model.float().to(device)
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.finetune_method == "lora":
+        if mode != "finetune":
+            raise SluiceError(
+                "finetune_method=lora adapts an existing model: give a `pretrained` channel, "
+                "model_id, or warm_start with a `baseline` channel"
+            )
+        model = with_lora(model, cfg)
     raw_model = model
     if ranks.distributed:
         model = DDP(model, device_ids=[ranks.local_rank] if device.type == "cuda" else None)
@@ -421,6 +429,7 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
 
     staging = opt.work_dir / "model-staging"
     shutil.rmtree(staging, ignore_errors=True)
+    model = publishable(model, staging)
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     (staging / "evaluation.json").write_text(strict_json(report, indent=2) + "\n")

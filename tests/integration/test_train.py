@@ -421,6 +421,63 @@ def test_a_tokenizer_larger_than_the_embedding_is_fitted_before_the_first_step(
     assert read_json(out / "model" / "evaluation.json")["challenger"]["records"] > 0
 
 
+def tiny_llama(folder: Path, tokenizer_from: Path) -> Path:
+    """A Llama-architecture model (random weights) with a trained tokenizer: the base to adapt."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_from)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_lora_fine_tunes_a_llama_that_reloads_with_plain_transformers_and_beats_its_base(
+    tmp_path, trained, corpus_dir
+):
+    base = tiny_llama(tmp_path / "base", trained["model"])
+    out = tmp_path / "job"
+    proc = train(
+        corpus_dir / "train",
+        out,
+        "--pretrained",
+        str(base),
+        "--baseline",
+        str(base),
+        finetune_method="lora",
+        lora_r=8,
+        max_steps=40,
+        learning_rate=0.01,
+        warmup_steps=5,
+    )
+    log = proc.stdout + proc.stderr
+    assert "LoRA rank 8 (alpha 16) on q_proj, v_proj" in log
+    report = read_json(out / "model" / "evaluation.json")
+    gate = report["comparison"]
+    assert gate["challenger"] < gate["baseline"], gate  # held-out perplexity, same records
+    # merged: a plain Llama checkpoint, no PEFT needed to load or serve it
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert not any("lora" in name for name in load_file(out / "model" / "model.safetensors"))
+    assert (out / "model" / "adapter" / "adapter_config.json").exists()
+    before = load_file(base / "model.safetensors")
+    after = load_file(out / "model" / "model.safetensors")
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in changed)
+
+
 def test_a_bfloat16_checkpoint_trains_with_float32_master_weights_on_cpu(
     tmp_path, trained, corpus_dir
 ):

@@ -1,0 +1,57 @@
+"""LoRA fine-tuning through PEFT: low-rank adapters on a frozen base, merged into plain weights
+when the model is published (serving, export and monitoring see an ordinary checkpoint)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .errors import SluiceError
+from .hyperparameters import TrainConfig
+
+log = logging.getLogger("sluice.lora")
+
+
+def with_lora(model, cfg: TrainConfig):
+    """`model` with LoRA adapters (the base frozen); PEFT picks the target modules for known
+    architectures unless `lora_target_modules` names them."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = [t.strip() for t in cfg.lora_target_modules.split(",") if t.strip()] or None
+    config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=targets,
+    )
+    try:
+        adapted = get_peft_model(model, config)
+    except ValueError as e:
+        raise SluiceError(
+            f"LoRA cannot adapt this model ({e}); name its linear layers with lora_target_modules"
+        ) from None
+    trainable, total = adapted.get_nb_trainable_parameters()
+    log.info(
+        "LoRA rank %d (alpha %d) on %s: %s of %s parameters trainable (%.2f %%)",
+        cfg.lora_r,
+        cfg.lora_alpha,
+        ", ".join(sorted(adapted.peft_config["default"].target_modules)),
+        f"{trainable:,}",
+        f"{total:,}",
+        100 * trainable / total,
+    )
+    return adapted
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
+
+
+def publishable(model, staging: Path):
+    """The model to save: a LoRA model's adapter goes to `staging/adapter` (small, for whoever
+    serves adapters), and its weights are merged into the base."""
+    if not is_lora(model):
+        return model
+    model.save_pretrained(staging / "adapter")
+    return model.merge_and_unload()
