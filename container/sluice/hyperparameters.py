@@ -87,6 +87,12 @@ class TrainConfig:
         "for about a third more compute",
         default=False,
     )
+    distributed: str = _doc(
+        "with several processes: ddp (every GPU holds the whole model, gradients and AdamW "
+        "state) or fsdp (each holds 1/N of them: models that do not fit one GPU); fsdp "
+        "checkpoints are sharded and resume on any number of processes",
+        default="ddp",
+    )
     # bookkeeping
     log_interval: int = _doc("steps between training log lines", default=10)
     eval_interval: int = _doc("steps between validation estimates (0: only at the end)", default=0)
@@ -124,6 +130,7 @@ class TrainConfig:
 
 CHOICES = {
     "finetune_method": ("full", "lora"),
+    "distributed": ("ddp", "fsdp"),
     "model_size": ("tiny", "small", "base"),
     "txt_mode": ("line", "document"),
     "lr_schedule": ("cosine", "linear"),

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import __version__, checkpoint
+from . import __version__, checkpoint, sharding
 from .data import PackedBlocks, pack_tokens, prepare_text, read_lines
 from .distributed import Ranks
 from .errors import SluiceError
@@ -215,6 +215,7 @@ def run_training(
             "add data or lower block_size"
         )
     stored_dtype = next(model.parameters()).dtype
+    config = model.config
     # fp32 master weights whatever the checkpoint holds: AdamW steps on bf16 weights lose most
     # small updates; bf16 compute comes from autocast where the device has it
     model.float().to(device)
@@ -228,9 +229,15 @@ def run_training(
             )
         model = with_lora(model, cfg)
     raw_model = model
-    if ranks.distributed:
-        model = DDP(model, device_ids=[ranks.local_rank] if device.type == "cuda" else None)
     amp_dtype = precision_for(cfg, device)
+    fsdp = ranks.distributed and cfg.distributed == "fsdp"
+    if fsdp:
+        if amp_dtype == torch.float16:  # fp16 needs a loss scaler FSDP's float32 reduce lacks
+            log.warning("distributed=fsdp on a GPU without bfloat16: float32 compute")
+            amp_dtype = None
+        sharding.shard(model, amp_dtype)
+    elif ranks.distributed:
+        model = DDP(model, device_ids=[ranks.local_rank] if device.type == "cuda" else None)
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     autocast = (
         torch.autocast(device.type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
@@ -249,8 +256,16 @@ def run_training(
         log.warning("checkpoint is for other training data; starting afresh")
         resumed = None
     if resumed is not None:
-        raw_model.load_state_dict(resumed["model"])
-        optimizer.load_state_dict(resumed["optimizer"])
+        if "sharded" in resumed:
+            checkpoint.load_sharded(resumed["sharded"], raw_model, optimizer)
+        elif fsdp:
+            raise SluiceError(
+                "the checkpoints were written with distributed=ddp: resume with distributed=ddp, "
+                "or start afresh without them"
+            )
+        else:
+            raw_model.load_state_dict(resumed["model"])
+            optimizer.load_state_dict(resumed["optimizer"])
         scheduler.load_state_dict(resumed["scheduler"])
         scaler.load_state_dict(resumed["scaler"])
         history = History(**resumed["history"])
@@ -273,16 +288,20 @@ def run_training(
         )
 
     def save_checkpoint() -> None:
+        trainer = {
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "history": history.__dict__,
+            "fingerprint": stats["train"]["fingerprint"],
+        }
+        if cfg.distributed == "fsdp":  # sharded, so that it resumes on any process count
+            checkpoint.save_sharded(
+                opt.checkpoint_dir, step, raw_model, optimizer, trainer, cfg.keep_checkpoints, ranks
+            )
+            return
         if ranks.is_main:
-            state = {
-                "model": raw_model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(),
-                "history": history.__dict__,
-                "fingerprint": stats["train"]["fingerprint"],
-            }
-            checkpoint.save(opt.checkpoint_dir, step, state, cfg.keep_checkpoints)
+            state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()}
+            checkpoint.save(opt.checkpoint_dir, step, {**state, **trainer}, cfg.keep_checkpoints)
         ranks.barrier()
 
     bar = None
@@ -305,7 +324,11 @@ def run_training(
             idx = batch_indices(orders[epoch], start, cfg.batch_size)
             x = torch.from_numpy(np.stack([train_blocks.block(i) for i in idx])).to(device)
             sync = micro == cfg.grad_accum - 1
-            ctx = contextlib.nullcontext() if sync or not ranks.distributed else model.no_sync()
+            ctx = contextlib.nullcontext()
+            if fsdp:
+                sharding.gradient_sync(model, sync)
+            elif ranks.distributed and not sync:
+                ctx = model.no_sync()
             with ctx, autocast:
                 loss = model(input_ids=x, labels=x).loss / cfg.grad_accum
             scaler.scale(loss).backward()
@@ -361,8 +384,15 @@ def run_training(
     if bar is not None:
         bar.close()
     report = {}
+    final = raw_model
+    if fsdp:  # gathered once, on rank 0, into an ordinary model to evaluate and publish
+        state = sharding.full_state_dict(raw_model)
+        if ranks.is_main:
+            adapt = (lambda m: with_lora(m, cfg)) if cfg.finetune_method == "lora" else None
+            final = sharding.plain_model(config, state, adapt).to(device)
+        del state
     if ranks.is_main:
-        report = finish(opt, cfg, raw_model, tokenizer, history, stats, mode, source, block, device)
+        report = finish(opt, cfg, final, tokenizer, history, stats, mode, source, block, device)
     # the other ranks wait for rank 0's evaluation and export: a worker that exits early makes
     # torchrun tear the job down under it
     ranks.barrier()

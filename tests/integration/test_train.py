@@ -288,6 +288,59 @@ def test_two_process_ddp_on_cpu_has_one_writer(tmp_path, corpus_dir):
     AutoModelForCausalLM.from_pretrained(out / "model")
 
 
+@pytest.mark.slow
+def test_fsdp_over_two_processes_trains_as_one_process_and_resumes_on_one(tmp_path, corpus_dir):
+    """FSDP shards weights, gradients and AdamW state over 2 processes (gloo on CPU): the same
+    losses and weights as one process with the same global batch. Its sharded checkpoint,
+    written by 2 processes, resumes on 1 (resharded by torch.distributed.checkpoint)."""
+    data = corpus_dir / "train"
+    same = {"max_steps": 10, "log_interval": 1, "checkpoint_interval": 5, "dropout": 0}
+    one = train(data, tmp_path / "one", **same, batch_size=8)
+
+    part = tmp_path / "part"
+    stopped = run_sluice(
+        "train", "--train", str(data), "--output", str(part), "--nproc", "2",
+        *sets(hp(**same, batch_size=4, distributed="fsdp")),
+        env={"SLUICE_STOP_AFTER_STEP": "6"},
+        check=False,
+    )  # fmt: skip
+    assert stopped.returncode == 143, stopped.stdout[-3000:] + stopped.stderr[-3000:]
+    assert "FSDP: 2 blocks sharded" in stopped.stdout + stopped.stderr
+    assert train_losses(stopped.stdout) == pytest.approx(train_losses(one.stdout)[:6], abs=1e-4)
+    shards = part / "checkpoints" / "step-00000006.dcp"
+    assert {p.name for p in shards.iterdir()} >= {"__0_0.distcp", "__1_0.distcp", "trainer.pt"}
+
+    resumed = train(data, part, **same, batch_size=8, distributed="fsdp")
+    assert "resumed from checkpoint at step 6" in resumed.stdout + resumed.stderr
+    assert train_losses(resumed.stdout) == pytest.approx(train_losses(one.stdout)[6:], abs=1e-4)
+    a, b = weights(tmp_path / "one" / "model"), weights(part / "model")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-4)
+    assert not list((part / "checkpoints").glob(".*.tmp"))
+
+
+@pytest.mark.slow
+def test_lora_under_fsdp_publishes_one_merged_model(tmp_path, trained, corpus_dir):
+    """Frozen base and trainable adapters sharded together; the model is gathered once, merged,
+    and written by rank 0 only."""
+    base = tiny_llama(tmp_path / "base", trained["model"])
+    out = tmp_path / "job"
+    proc = train(
+        corpus_dir / "train", out, "--pretrained", str(base), "--nproc", "2",
+        finetune_method="lora", distributed="fsdp", batch_size=4, max_steps=6, grad_accum=2,
+        activation_checkpointing="true", eval_interval=3,
+    )  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert "world size 2" in log and log.count("model written to") == 1
+    assert (out / "model" / "adapter" / "adapter_config.json").exists()
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert type(model).__name__ == "LlamaForCausalLM"
+    before, after = load_file(base / "model.safetensors"), weights(out / "model")
+    assert set(before) == set(after)
+    changed = {n for n in before if not torch.equal(before[n], after[n])}
+    assert changed and all(n.endswith(("q_proj.weight", "v_proj.weight")) for n in changed)
+
+
 def opt_ml_tree(root: Path, hyperparameters: dict, files: dict[str, bytes | str]) -> Path:
     config = root / "input" / "config"
     config.mkdir(parents=True)

@@ -62,3 +62,49 @@ def test_a_full_disk_while_checkpointing_leaves_no_temporary_file(tmp_path, monk
     with pytest.raises(SluiceError, match=r"cannot write checkpoint .*keep_checkpoints"):
         checkpoint.save(tmp_path, 10, {"model": {}}, keep=2)
     assert list(tmp_path.iterdir()) == []
+
+
+def _model_and_optimizer(seed: int):
+    import torch
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_a_sharded_checkpoint_round_trips_and_a_full_disk_keeps_the_previous_one(
+    tmp_path, monkeypatch
+):
+    """The FSDP layout in one process: torch.distributed.checkpoint's folder + trainer.pt, renamed
+    into place; older ones pruned; a failed write leaves the newest complete one to resume."""
+    import torch
+
+    from sluice.distributed import Ranks
+
+    model, optimizer = _model_and_optimizer(0)
+    trainer = {"history": {"train": [[1, 2.0]]}, "fingerprint": "f"}
+    for step in (5, 10):
+        checkpoint.save_sharded(tmp_path, step, model, optimizer, trainer, 1, Ranks())
+    assert [p.name for _, p in checkpoint.checkpoints(tmp_path)] == ["step-00000010.dcp"]
+
+    def full(obj, path):
+        raise RuntimeError("PytorchStreamWriter failed writing file: No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full)
+    with pytest.raises(SluiceError, match=r"cannot write checkpoint .*step-00000015\.dcp"):
+        checkpoint.save_sharded(tmp_path, 15, model, optimizer, trainer, 1, Ranks())
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000010.dcp"]
+
+    resumed = checkpoint.latest(tmp_path)
+    assert resumed["step"] == 10 and resumed["fingerprint"] == "f"
+    other, other_opt = _model_and_optimizer(1)
+    checkpoint.load_sharded(resumed["sharded"], other, other_opt)
+    for a, b in zip(model.parameters(), other.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    moments = [(s["exp_avg"], o["exp_avg"]) for s, o in
+               zip(optimizer.state.values(), other_opt.state.values(), strict=True)]  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in moments)
