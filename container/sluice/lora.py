@@ -44,6 +44,18 @@ def with_lora(model, cfg: TrainConfig):
     return adapted
 
 
+def store_frozen(model, dtype) -> int:
+    """Keep the frozen base in `dtype` (bf16 on GPUs): it takes no optimizer step, so float32
+    master copies of it would only double its memory, and autocast would cast it again for
+    every step. The adapters stay float32. Returns the bytes saved."""
+    saved = 0
+    for p in model.parameters():
+        if not p.requires_grad and p.dtype != dtype and p.is_floating_point():
+            saved += p.numel() * (p.element_size() - dtype.itemsize)
+            p.data = p.data.to(dtype)
+    return saved
+
+
 def is_lora(model) -> bool:
     return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
 

@@ -30,7 +30,7 @@ from .distributed import Ranks
 from .errors import SluiceError
 from .evaluate import evaluate_model, evaluation_report
 from .hyperparameters import TrainConfig
-from .lora import publishable, with_lora
+from .lora import publishable, store_frozen, with_lora
 from .metrics import metric_line, strict_json
 from .model import (
     build_scratch_model,
@@ -231,6 +231,9 @@ def run_training(
     raw_model = model
     amp_dtype = precision_for(cfg, device)
     fsdp = ranks.distributed and cfg.distributed == "fsdp"
+    if cfg.finetune_method == "lora" and amp_dtype == torch.bfloat16 and not fsdp:
+        saved = store_frozen(model, amp_dtype)
+        log.info("LoRA: the frozen base kept in bfloat16 (%.2f GiB less)", saved / 2**30)
     if fsdp:
         if amp_dtype == torch.float16:  # fp16 needs a loss scaler FSDP's float32 reduce lacks
             log.warning("distributed=fsdp on a GPU without bfloat16: float32 compute")

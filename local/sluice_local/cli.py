@@ -70,6 +70,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--workdir", default="sluice-demo", help="where it writes its files")
     q.add_argument("--steps", type=int, default=300, help="training steps")
+    pl = sub.add_parser(
+        "plan",
+        help="memory per GPU for a fine-tune, and the SageMaker instance types it fits",
+        description="Estimate weights, gradients, AdamW state and activations per GPU for "
+        "`sluice train` with these settings, from the model's config alone (nothing is "
+        "downloaded or allocated), and list the SageMaker GPU instance types on which it fits.",
+    )
+    pl.add_argument("--model", required=True, help="model folder or its config.json")
+    pl.add_argument("--method", choices=("full", "lora"), default="full")
+    pl.add_argument("--distributed", choices=("ddp", "fsdp"), default="ddp")
+    pl.add_argument("--instance-type", help="e.g. ml.g5.12xlarge (default: one GPU, bfloat16)")
+    pl.add_argument("--instance-count", type=int, default=1)
+    pl.add_argument("--batch-size", type=int, default=1, help="blocks per GPU per micro-step")
+    pl.add_argument("--block-size", type=int, default=2048, help="tokens per block")
+    pl.add_argument("--activation-checkpointing", action="store_true")
+    pl.add_argument("--lora-r", type=int, default=8)
+    pl.add_argument("--lora-target-modules", default="")
+    pl.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
@@ -254,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
             from .quickstart import run_quickstart
 
             return run_quickstart(Path(args.workdir), steps=args.steps)
+        if args.command == "plan":
+            from .plan import run
+
+            print(run(args))
+            return 0
         if args.command == "schedule":
             print(json.dumps(_get(args.endpoint, f"/_sluice/schedules/{args.name}", "POST")))
             return 0
