@@ -3,7 +3,7 @@
 import runpy
 import sys
 
-BENCHMARKS = ["benchmarks.train_throughput"]
+BENCHMARKS = ["benchmarks.train_throughput", "benchmarks.train_llama"]
 
 if __name__ == "__main__":
     for name in BENCHMARKS:

@@ -63,6 +63,7 @@ class Shape:
     hidden: int
     intermediate: int
     vocab: int
+    heads: int
     architecture: str
 
 
@@ -131,6 +132,7 @@ def model_shape(config, method: str = "full", lora_r: int = 8, lora_targets: str
         hidden=hidden,
         intermediate=getattr(text, "intermediate_size", None) or 4 * hidden,
         vocab=text.vocab_size,
+        heads=getattr(text, "num_attention_heads", None) or getattr(text, "n_head", 1),
         architecture=type(model).__name__,
     )
 
@@ -145,6 +147,7 @@ def estimate(
     block_size: int = 2048,
     activation_checkpointing: bool = False,
     bf16: bool = True,
+    fused_attention: bool = True,
 ) -> Plan:
     """Bytes per GPU for `train` with these settings (see the module docstring)."""
     plan = Plan(
@@ -174,10 +177,14 @@ def estimate(
     # saved for the backward per token and layer: attention inputs/outputs (q, k, v, output,
     # norms: ~10 h) and the MLP's gate, up, activation and product (~4 i)
     per_layer = tokens * (10 * h + 4 * i) * compute
+    if not fused_attention:  # PyTorch's math attention (CPU) keeps the s x s probabilities
+        per_layer += batch_size * shape.heads * block_size**2 * 4
     if activation_checkpointing:  # each layer's input, and one layer recomputed at a time
         plan.parts["activations"] = n_layers * tokens * h * compute + per_layer
     else:
         plan.parts["activations"] = n_layers * per_layer
+    # the backward of a layer holds the gradients of its activations beside them
+    plan.parts["backward working set"] = per_layer
     # logits in the compute dtype, upcast to float32 for the loss, and the gradient of that
     plan.parts["logits and loss"] = tokens * shape.vocab * (compute + 8)
     return plan
