@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 MODEL = {
@@ -103,57 +102,21 @@ def child_trainer(root: Path, model_dir: Path, blocks_path: Path, method: str, s
     imports()
     import peft
     import torch
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from benchmarks.hf_trainer import trainer_tokens_per_s
     from sluice.data import PackedBlocks
 
     base = rss_now()
     tok = AutoTokenizer.from_pretrained(model_dir)
     blocks = PackedBlocks(blocks_path, BLOCK, len(tok))
-
-    class Blocks(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(blocks)
-
-        def __getitem__(self, i):
-            x = torch.from_numpy(blocks.block(i))
-            return {"input_ids": x, "labels": x}
-
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if method == "lora":
         model = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", **LORA))
-    stamps: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-
-    args = TrainingArguments(
-        output_dir=str(root / "hf"),
-        per_device_train_batch_size=BATCH,
-        max_steps=steps,
-        learning_rate=LR,
-        warmup_steps=WARMUP_LR,
-        weight_decay=0.1,
-        adam_beta2=0.95,
-        lr_scheduler_type="cosine",
-        max_grad_norm=1.0,
-        logging_steps=steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=0,
-    )
-    Trainer(model=model, args=args, train_dataset=Blocks(), callbacks=[Clock()]).train()
-    rate = (len(stamps) - warmup) * BATCH * BLOCK / (stamps[-1] - stamps[warmup - 1])
+    rate = trainer_tokens_per_s(
+        model, blocks, batch=BATCH, steps=steps, warmup=warmup, lr=LR, warmup_lr=WARMUP_LR,
+        out=root / "hf",
+    )  # fmt: skip
     return {"tokens_per_s": rate, "base_rss": base, "peak_rss": peak_rss()}
 
 

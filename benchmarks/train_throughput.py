@@ -18,7 +18,6 @@ import os
 import re
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -61,61 +60,20 @@ def sluice_run(root: Path, steps: int, warmup: int) -> tuple[float, Path]:
 
 
 def trainer_run(work: Path, steps: int, warmup: int, device: str) -> float:
-    from transformers import (
-        AutoTokenizer,
-        GPT2Config,
-        GPT2LMHeadModel,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
+    from benchmarks.hf_trainer import trainer_tokens_per_s
     from sluice.data import PackedBlocks
 
     tok = AutoTokenizer.from_pretrained(work / "tokenizer")
     blocks = PackedBlocks(work / "train.bin", BLOCK, len(tok))
-
-    class Blocks(torch.utils.data.Dataset):
-        def __len__(self):
-            return len(blocks)
-
-        def __getitem__(self, i):
-            x = torch.from_numpy(blocks.block(i))
-            return {"input_ids": x, "labels": x}
-
     torch.manual_seed(0)
     cfg = {k: v for k, v in MODEL.items() if k != "vocab_size"}
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), **cfg))
-    stamps: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
-
-    args = TrainingArguments(
-        output_dir=str(work / "hf"),
-        per_device_train_batch_size=BATCH,
-        max_steps=steps,
-        learning_rate=LR,
-        warmup_steps=10,
-        weight_decay=0.1,
-        adam_beta2=0.95,
-        lr_scheduler_type="cosine",
-        max_grad_norm=1.0,
-        logging_steps=steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=device == "cpu",
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        bf16=device.startswith("cuda"),
-        seed=0,
-    )
-    Trainer(model=model, args=args, train_dataset=Blocks(), callbacks=[Clock()]).train()
-    measured = len(stamps) - warmup
-    return measured * BATCH * BLOCK / (stamps[-1] - stamps[warmup - 1])
+    return trainer_tokens_per_s(
+        model, blocks, batch=BATCH, steps=steps, warmup=warmup, lr=LR, warmup_lr=10,
+        out=work / "hf", device=device,
+    )  # fmt: skip
 
 
 def main() -> None:
