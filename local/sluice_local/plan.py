@@ -282,3 +282,47 @@ def run(args) -> str:
             indent=2,
         )
     return render(plan, args.instance_type, args.instance_count, fitting(shape, **settings))
+
+
+def table(configs: Path, batch_size: int = 1, block_size: int = 2048) -> str:
+    """docs/training-memory.md's table: each config under `configs`, full and LoRA, with and
+    without FSDP and activation checkpointing (`python -m sluice_local.plan`)."""
+    cases = [
+        ("full", "ddp", False, "full, DDP"),
+        ("full", "fsdp", True, "full, FSDP + act. ckpt"),
+        ("lora", "ddp", False, "LoRA r=8"),
+        ("lora", "ddp", True, "LoRA r=8 + act. ckpt"),
+        ("lora", "fsdp", True, "LoRA r=8, FSDP + act. ckpt"),
+    ]
+    rows = [
+        "| model | method | per GPU (1 GPU; FSDP: 8) | fits on (fewest instances) |",
+        "|---|---|---:|---|",
+    ]
+    for folder in sorted(configs.iterdir(), key=lambda p: (len(p.name), p.name)):
+        config = load_config(folder)
+        for method, distributed, ckpt, label in cases:
+            shape = model_shape(config, method)
+            settings = {
+                "method": method,
+                "distributed": distributed,
+                "batch_size": batch_size,
+                "block_size": block_size,
+                "activation_checkpointing": ckpt,
+            }
+            processes = 8 if distributed == "fsdp" else 1
+            per_gpu = estimate(shape, processes=processes, **settings).total
+            fits = fitting(shape, **settings)
+            names = ", ".join(
+                n.removeprefix("ml.") + (f" x{c}" if c > 1 else "") for n, c, _ in fits[:5]
+            )
+            if len(fits) > 5:
+                names += f", ... ({len(fits)} types)"
+            rows.append(
+                f"| {folder.name} ({shape.parameters / 1e9:.2f} B) | {label} | "
+                f"{gib(per_gpu)} | {names or 'none up to 16 instances'} |"
+            )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(table(Path(__file__).parents[2] / "examples" / "model-configs"))

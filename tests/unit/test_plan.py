@@ -118,3 +118,8 @@ def test_lora_keeps_the_frozen_base_in_bf16_and_trains_float32_adapters():
     q = merged.model.layers[0].self_attn.q_proj.weight
     assert q.dtype == torch.bfloat16
     assert not torch.equal(q.float(), q_before.bfloat16().float())
+
+
+def test_the_docs_table_is_what_the_plan_prints():
+    docs = (Path(__file__).parents[2] / "docs" / "training-memory.md").read_text()
+    assert plan.table(CONFIGS) in docs
