@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -144,7 +145,16 @@ def run_torchrun(args: list[str], argv: list[str]) -> int:
         log.warning("stopped by %s: the workers saved their checkpoint", e.sigval.name)
         return 128 + int(e.sigval)
     except ChildFailedError as e:
-        codes = sorted({f.exitcode for f in e.failures.values()})
-        log.error("training failed in worker(s) with exit status %s", codes)
-        return 128 + 15 if codes == [128 + 15] else 1
+        return _job_status(sorted({f.exitcode for f in e.failures.values()}))
     return 0
+
+
+def _job_status(codes: list[int]) -> int:
+    """The job's exit status from its failed workers' statuses. A worker that stopped for SIGTERM
+    (143, its checkpoint written with the others') makes torchrun SIGTERM the rest, and one still
+    closing down dies of it (-15): that is a stopped job too, not a failed one."""
+    stopped = 128 + int(signal.SIGTERM)
+    if stopped in codes and set(codes) <= {stopped, -int(signal.SIGTERM)}:
+        return stopped
+    log.error("training failed in worker(s) with exit status %s", codes)
+    return 1

@@ -108,3 +108,15 @@ def test_a_sharded_checkpoint_round_trips_and_a_full_disk_keeps_the_previous_one
     moments = [(s["exp_avg"], o["exp_avg"]) for s, o in
                zip(optimizer.state.values(), other_opt.state.values(), strict=True)]  # fmt: skip
     assert all(torch.equal(a, b) for a, b in moments)
+
+
+@pytest.mark.parametrize(
+    "codes,status",
+    [([143], 143), ([-15, 143], 143), ([1, 143], 1), ([-15], 1), ([1], 1), ([-9, 143], 1)],
+)
+def test_a_job_whose_workers_stopped_for_sigterm_exits_143(codes, status):
+    """torchrun SIGTERMs the other workers once one exits 143 (stopped, checkpoint saved): one
+    still closing then dies of the signal (-15). Seen in CI as exit 1 for a clean stop."""
+    from sluice.distributed import _job_status
+
+    assert _job_status(codes) == status
