@@ -113,14 +113,12 @@ def model_shape(config, method: str = "full", lora_r: int = 8, lora_targets: str
     block = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=total)
     outside = total - block * len(blocks)
     trainable = total
-    if method == "lora":
-        from peft import LoraConfig, get_peft_model
+    if method == "lora":  # the adapters train adds, from the same code
+        from sluice.hyperparameters import TrainConfig
+        from sluice.lora import with_lora
 
-        targets = [t.strip() for t in lora_targets.split(",") if t.strip()] or None
-        adapted = get_peft_model(
-            model, LoraConfig(task_type="CAUSAL_LM", r=lora_r, target_modules=targets)
-        )
-        trainable, total = adapted.get_nb_trainable_parameters()
+        settings = TrainConfig(lora_r=lora_r, lora_target_modules=lora_targets)
+        trainable, total = with_lora(model, settings).get_nb_trainable_parameters()
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     hidden = getattr(text, "hidden_size", None) or getattr(text, "n_embd", 0)
     return Shape(
