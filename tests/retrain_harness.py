@@ -94,6 +94,16 @@ class SimulatedSageMaker:
     training_failure: str = "AlgorithmError: CUDA out of memory"
     deployment: str = "InService"  # InService | RolledBack | Failed
     compilation: str = "COMPLETED"  # COMPLETED | FAILED
+    # a tuning job's trials: each one's metrics (validation_loss is the objective); the job
+    # ends Failed when no trial has the objective
+    trials: list = field(
+        default_factory=lambda: [
+            {"validation_loss": 3.5, "gate_challenger": 40.0},
+            {"validation_loss": 3.1, "gate_challenger": 30.0},
+        ]
+    )
+    tunings: list = field(default_factory=list)  # CreateHyperParameterTuningJob requests
+    tuning: str = "Completed"  # Completed (as its trials make it) | InProgress (never finishes)
     polls: int = 2
     updates: list = field(default_factory=list)  # UpdateEndpoint requests, as sent
     _seen: dict = field(default_factory=dict)
@@ -132,6 +142,27 @@ class SimulatedSageMaker:
                     job.training_job_status = job.secondary_status = "Failed"
                     job.failure_reason = sim.training_failure
             return describe_training(backend, name)
+
+        create_tuning = SageMakerModelBackend.create_hyper_parameter_tuning_job
+        describe_tuning = SageMakerModelBackend.describe_hyper_parameter_tuning_job
+
+        def create_hyper_parameter_tuning_job(backend, *args, **kwargs):
+            answer = create_tuning(backend, *args, **kwargs)
+            job = backend.hyper_parameter_tuning_jobs[kwargs["hyper_parameter_tuning_job_name"]]
+            job.hyper_parameter_tuning_job_status = "InProgress"
+            sim.tunings.append(kwargs)
+            return answer
+
+        def describe_hyper_parameter_tuning_job(backend, hyper_parameter_tuning_job_name):
+            name = hyper_parameter_tuning_job_name
+            job = backend.hyper_parameter_tuning_jobs[name]
+            if (
+                sim._tick(("tuning", name))
+                and job.hyper_parameter_tuning_job_status == "InProgress"
+                and sim.tuning == "Completed"
+            ):
+                sim._run_trials(backend, job)
+            return describe_tuning(backend, name)
 
         create_endpoint = SageMakerModelBackend.create_endpoint
         describe_endpoint = SageMakerModelBackend.describe_endpoint
@@ -195,6 +226,8 @@ class SimulatedSageMaker:
         for name, fn in {
             "update_model_package": update_model_package,
             "create_training_job": create_training_job,
+            "create_hyper_parameter_tuning_job": create_hyper_parameter_tuning_job,
+            "describe_hyper_parameter_tuning_job": describe_hyper_parameter_tuning_job,
             "describe_training_job": describe_training_job,
             "create_endpoint": create_endpoint_,
             "describe_endpoint": describe_endpoint_,
@@ -205,6 +238,76 @@ class SimulatedSageMaker:
         monkeypatch.setattr(
             SageMakerResponse, "update_endpoint", update_endpoint_response, raising=False
         )
+
+    def _run_trials(self, backend, tuning) -> None:
+        """The tuning job's trials, as the service would have run them: one Completed training
+        job per entry of `trials` (Failed when it lacks the objective), the best by the lowest
+        validation_loss."""
+        d = tuning.training_job_definition
+        summaries = []
+        for i, metrics in enumerate(self.trials):
+            name = f"{tuning.hyper_parameter_tuning_job_name}-{i + 1:03d}-0000000{i}"
+            tuned = {"learning_rate": str(10 ** -(3 + i)), "warmup_steps": str(10 * i)}
+            job = backend.create_training_job(
+                training_job_name=name,
+                hyper_parameters={**d.get("StaticHyperParameters", {}), **tuned},
+                algorithm_specification=d["AlgorithmSpecification"],
+                role_arn=d["RoleArn"],
+                input_data_config=d["InputDataConfig"],
+                output_data_config=d["OutputDataConfig"],
+                resource_config=d["ResourceConfig"],
+                vpc_config=d.get("VpcConfig"),
+                stopping_condition=d["StoppingCondition"],
+                tags=[],
+                enable_network_isolation=False,
+                enable_inter_container_traffic_encryption=True,
+                enable_managed_spot_training=d.get("EnableManagedSpotTraining", False),
+                checkpoint_config=d.get("CheckpointConfig"),
+                debug_hook_config=None,
+                debug_rule_configurations=None,
+                tensor_board_output_config=None,
+                experiment_config=None,
+            )
+            ok = "validation_loss" in metrics
+            job.training_job_status = job.secondary_status = "Completed" if ok else "Failed"
+            job.final_metric_data_list = [
+                {"MetricName": k, "Value": float(v), "Timestamp": job.creation_time}
+                for k, v in metrics.items()
+            ]
+            if ok:
+                summaries.append(
+                    {
+                        "TrainingJobName": name,
+                        "TrainingJobArn": job.arn,
+                        "CreationTime": job.creation_time,
+                        "TrainingJobStatus": "Completed",
+                        "TunedHyperParameters": tuned,
+                        "FinalHyperParameterTuningJobObjectiveMetric": {
+                            "MetricName": "validation_loss",
+                            "Value": float(metrics["validation_loss"]),
+                        },
+                        "ObjectiveStatus": "Succeeded",
+                    }
+                )
+        n, done = len(self.trials), len(summaries)
+        tuning.training_job_status_counters = {
+            "Completed": done,
+            "InProgress": 0,
+            "RetryableError": 0,
+            "NonRetryableError": n - done,
+            "Stopped": 0,
+        }
+        tuning.objective_status_counters = {"Succeeded": done, "Pending": 0, "Failed": n - done}
+        if summaries:
+            tuning.hyper_parameter_tuning_job_status = "Completed"
+            tuning.best_training_job = min(
+                summaries,
+                key=lambda s: s["FinalHyperParameterTuningJobObjectiveMetric"]["Value"],
+            )
+        else:
+            tuning.hyper_parameter_tuning_job_status = "Failed"
+            tuning.failure_reason = "No training job reported the objective metric validation_loss"
+            tuning.best_training_job = None
 
     def _tick(self, key) -> bool:
         """Count one poll; True once this job has been polled enough to reach its outcome."""

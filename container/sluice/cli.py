@@ -79,10 +79,10 @@ def cmd_train(args: argparse.Namespace, argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", 0))
     try:
         from .distributed import run_torchrun, torchrun_args
-        from .hyperparameters import parse_hyperparameters
+        from .hyperparameters import for_trial, parse_hyperparameters
 
         raw = {**opt.hyperparameters(), **parse_sets(args.set)}
-        cfg = parse_hyperparameters(raw)
+        cfg = parse_hyperparameters(for_trial(raw, opt.checkpoint_dir, os.environ))
         launch = torchrun_args(opt, args.nproc)
         if launch is not None:
             return run_torchrun(launch, argv)

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, get_type_hints
 
 from .errors import SluiceError
@@ -222,3 +223,23 @@ def parse_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
     if cfg.max_steps <= 0 and cfg.epochs <= 0:
         raise SluiceError("set max_steps or epochs to a positive value")
     return cfg
+
+
+TUNING_MARK = "_tuning_objective_metric"  # SageMaker adds it to every tuning job's trial
+
+
+def for_trial(raw: dict[str, str], checkpoint_dir: Path, env: dict[str, str]) -> dict[str, str]:
+    """A trial of a hyperparameter tuning job shares its definition with every other trial:
+    the same `artifacts_s3_uri` and CheckpointConfig. Its own artifacts and checkpoints go one
+    level down, under its job name (SageMaker's framework containers do the same with
+    model_dir), so trials never overwrite each other's evaluation or resume from another's
+    checkpoint. `env` gets the trial's SM_CHECKPOINT_DIR (torchrun's workers inherit it)."""
+    job = env.get("TRAINING_JOB_NAME", "")
+    if TUNING_MARK not in raw or not job:
+        return raw
+    out = dict(raw)
+    if out.get("artifacts_s3_uri"):
+        out["artifacts_s3_uri"] = out["artifacts_s3_uri"].rstrip("/") + f"/{job}/"
+    if checkpoint_dir.name != job:
+        env["SM_CHECKPOINT_DIR"] = str(checkpoint_dir / job)
+    return out

@@ -227,6 +227,19 @@ def sagemaker_task_class():
     return SageMakerTask
 
 
+def eval_jsonata(expression: str) -> object:
+    """A JSONata expression's value. moto's interpreter composes the expression (its `$states`
+    bindings included) and hands it to LocalStack's Java evaluator, absent here: jsonata-python
+    evaluates it instead; its errors become the interpreter's own JSONata error."""
+    import jsonata
+    from moto.stepfunctions.parser.asl.jsonata.jsonata import JSONataException
+
+    try:
+        return jsonata.Jsonata(expression).evaluate(None)
+    except Exception as e:
+        raise JSONataException("UNKNOWN", str(e)) from e
+
+
 def service_names() -> dict[str, str]:
     """moto's Step Functions-to-boto3 service names with the ones it misses."""
     from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import (
@@ -275,6 +288,7 @@ def interpreter_patches() -> list[tuple[object, str, object]]:
         state_task_service_aws_sdk,
         state_task_service_factory,
     )
+    from moto.stepfunctions.parser.asl.jsonata import jsonata
 
     sagemaker_task = sagemaker_task_class()
     moto_factory = state_task_service_factory.state_task_service_for
@@ -294,6 +308,7 @@ def interpreter_patches() -> list[tuple[object, str, object]]:
         (state_task_factory, "state_task_service_for", state_task_service_for),
         (aws_sdk, "_normalise_service_error_name", staticmethod(_aws_sdk_service_error_name)),
         (aws_sdk, "_normalise_exception_name", staticmethod(_aws_sdk_exception_name)),
+        (jsonata, "_eval_jsonata", eval_jsonata),
     ]
 
 

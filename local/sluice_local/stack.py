@@ -133,6 +133,7 @@ class LocalStack:
         from .sagemaker.api import LocalSageMaker
         from .sagemaker.endpoints import EndpointRunner
         from .sagemaker.runtime import Context
+        from .sagemaker.tuning import TuningRunner
 
         self.dir.mkdir(parents=True, exist_ok=True)
         for noisy in ("botocore", "boto3", "urllib3", "werkzeug"):
@@ -194,6 +195,7 @@ class LocalStack:
             jobs.TransformRunner(self.sagemaker, ctx),
             jobs.ProcessingRunner(self.sagemaker, ctx),
             jobs.CompilationRunner(self.sagemaker, ctx),
+            TuningRunner(self.sagemaker, ctx),
         ]
         for runner in self.jobs:
             self.sagemaker.runners[runner.kind] = runner

@@ -44,6 +44,9 @@ REACHED_BY = {
     "RejectUndeployed": ("rollback", {}),
     "NotifyFailure": ("rollback", {}),
     "StopTraining": ("slow", {}),
+    "Tune": ("tuned", {}),
+    "DescribeBestTrial": ("tuned", {}),
+    "StopTuning": ("slow-tuning", {}),
     "ReadBatchPointer": ("update", {"PointBatchAtModel": "validation"}),
     "ReadApproval": ("update", {"Approve": "validation"}),
 }
@@ -73,6 +76,8 @@ ALLOWED = {
 CONCLUSIONS = {
     "TrainingFailed",
     "TrainingTimedOut",
+    "TuningFailed",
+    "TuningTimedOut",
     "NoGateFigures",
     "EndpointRolledBack",
     "EndpointFailed",
@@ -201,7 +206,17 @@ def run_once(monkeypatch, aws, state: str, kind: str, mode: str) -> tuple[tuple,
         sim.install(mp)
         install_injector(mp, faults)
         world = h.create_world()
-        overrides = {"TrainingTimeoutSeconds": 1} if scenario == "slow" else {}
+        overrides = {
+            "slow": {"TrainingTimeoutSeconds": 1},
+            "tuned": {"TuningStrategy": "Random"},
+            # the tuning task's backstop, TuningMaxRuntimeSeconds (SageMaker's minimum: 120) +
+            # RollbackAllowanceSeconds, down to 1 s
+            "slow-tuning": {
+                "TuningStrategy": "Random",
+                "TuningMaxRuntimeSeconds": 120,
+                "RollbackAllowanceSeconds": -119,
+            },
+        }.get(scenario, {})
         arn = h.create_state_machine(world, **overrides)
         if scenario != "first":
             h.install_champion()
@@ -214,6 +229,9 @@ def run_once(monkeypatch, aws, state: str, kind: str, mode: str) -> tuple[tuple,
             sim.deployment = "RolledBack"
         if scenario == "slow":
             sim.training = "InProgress"
+        sim.trials = [{**sim.metrics, "validation_loss": v} for v in (3.5, 3.1)]
+        if scenario == "slow-tuning":
+            sim.tuning = "InProgress"
         name = f"{state}-{kind}-{mode}"
         d = h.run(arn, name, {"reason": "manual"}, timeout_s=120)
         got, report = end_state(d, world, name)

@@ -45,3 +45,20 @@ def test_bad_values_fail_with_a_one_line_reason(raw, message):
         parse_hyperparameters(raw)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_tuning_trial_keeps_its_artifacts_and_checkpoints_apart(tmp_path):
+    from sluice.hyperparameters import for_trial
+
+    raw = {"artifacts_s3_uri": "s3://b/models/t/artifacts/", "_tuning_objective_metric": "x"}
+    env = {"TRAINING_JOB_NAME": "t-001-0a1b2c3d"}
+    out = for_trial(raw, tmp_path / "checkpoints", env)
+    assert out["artifacts_s3_uri"] == "s3://b/models/t/artifacts/t-001-0a1b2c3d/"
+    assert env["SM_CHECKPOINT_DIR"] == str(tmp_path / "checkpoints" / "t-001-0a1b2c3d")
+    # torchrun's workers inherit the trial's checkpoint folder: not nested twice
+    assert for_trial(raw, tmp_path / "checkpoints" / "t-001-0a1b2c3d", env) == out
+    assert env["SM_CHECKPOINT_DIR"] == str(tmp_path / "checkpoints" / "t-001-0a1b2c3d")
+    # a plain training job (no tuning mark) is left as it is
+    plain = {"artifacts_s3_uri": "s3://b/models/j/artifacts/"}
+    env = {"TRAINING_JOB_NAME": "j"}
+    assert for_trial(plain, tmp_path, env) == plain and "SM_CHECKPOINT_DIR" not in env

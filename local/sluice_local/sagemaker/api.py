@@ -49,6 +49,7 @@ KINDS = {
     k.name: k
     for k in [
         Kind("TrainingJob", "SageMaker Training Job State Change"),
+        Kind("HyperParameterTuningJob", "SageMaker HyperParameter Tuning Job State Change"),
         Kind("TransformJob", "SageMaker Transform Job State Change"),
         Kind("ProcessingJob", "SageMaker Processing Job State Change"),
         Kind("CompilationJob", None),
@@ -59,7 +60,7 @@ KINDS = {
         Kind("ModelPackage", "SageMaker Model Package State Change"),
     ]
 }
-JOBS = ("TrainingJob", "TransformJob", "ProcessingJob", "CompilationJob")
+JOBS = ("TrainingJob", "HyperParameterTuningJob", "TransformJob", "ProcessingJob", "CompilationJob")
 FIRST_STATUS = {"CompilationJob": "INPROGRESS", "Endpoint": "Creating"}
 UNPUBLISHED = "_StatusUnpublished"  # a record's own flag, never rendered (not in any shape)
 
@@ -176,6 +177,7 @@ class LocalSageMaker:
         for kind in JOBS:
             ops[f"Stop{kind}"] = lambda p, kind=kind: self.stop(kind, p)
         ops.update(
+            ListTrainingJobsForHyperParameterTuningJob=self.list_trials,
             UpdateEndpoint=self.update_endpoint,
             UpdateModelPackage=self.update_package,
             AddTags=self.add_tags,
@@ -203,6 +205,10 @@ class LocalSageMaker:
         record.update({f"{kind}Arn": arn(k, name), "CreationTime": now, "LastModifiedTime": now})
         if k.status:
             record[k.status] = FIRST_STATUS.get(kind, "InProgress" if kind in JOBS else "Completed")
+        if kind == "HyperParameterTuningJob":
+            from .tuning import initial_fields
+
+            record.update(initial_fields(record))
         with self.lock:
             if _key(kind, name) in self.resources[kind]:
                 code = "ResourceInUse" if kind in JOBS else "ValidationException"
@@ -221,7 +227,11 @@ class LocalSageMaker:
         return {f"{kind}Arn": record[f"{kind}Arn"]}
 
     def _check_references(self, kind: str, record: dict) -> None:
-        if kind == "TransformJob":
+        if kind == "HyperParameterTuningJob":
+            from .tuning import check_request
+
+            check_request(record)
+        elif kind == "TransformJob":
             self.get("Model", record["ModelName"])
         elif kind == "EndpointConfig":
             for v in record["ProductionVariants"]:
@@ -298,6 +308,14 @@ class LocalSageMaker:
         return {}
 
     # --- specific operations --------------------------------------------------------------------
+
+    def list_trials(self, p: dict) -> dict:
+        """ListTrainingJobsForHyperParameterTuningJob: the tuning job's trials as summaries."""
+        from .tuning import list_trials
+
+        return list_trials(
+            self.get("HyperParameterTuningJob", p["HyperParameterTuningJobName"]), self, p
+        )
 
     def update_endpoint(self, p: dict) -> dict:
         name = p["EndpointName"]
