@@ -11,11 +11,13 @@ PY := $(VENV)/bin/python
 # aws-sam-cli and checkov pin their own boto3 and friends: each gets its own environment.
 SAM_VENV := .venv-sam
 CHECKOV_VENV := .venv-checkov
+# the SageMaker Python SDK (examples/sdk/) pulls in mlflow, docker and more: its own, as a user's
+SDK_VENV := .venv-sdk
 PIP_FLAGS := --quiet --disable-pip-version-check
 export SAM_CLI_TELEMETRY := 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup demo test test-fast lint image-check format bench clean
+.PHONY: setup sdk demo test test-fast lint image-check format bench clean
 
 setup: $(VENV)/.installed
 
@@ -43,11 +45,18 @@ $(CHECKOV_VENV)/.installed: requirements/checkov.lock
 	$(CHECKOV_VENV)/bin/pip install $(PIP_FLAGS) -c requirements/checkov.lock checkov
 	touch $@
 
+$(SDK_VENV)/.installed: requirements/sdk.lock
+	$(PYTHON) -m venv $(SDK_VENV)
+	$(SDK_VENV)/bin/pip install $(PIP_FLAGS) -c requirements/sdk.lock sagemaker
+	touch $@
+
+sdk: $(SDK_VENV)/.installed
+
 demo: setup
 	$(VENV)/bin/sluice-local demo
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
-test: setup
+test: setup $(SDK_VENV)/.installed
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; fi; exit $$rc
 
@@ -70,4 +79,4 @@ bench: setup
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(CHECKOV_VENV) .venv-image .pytest_cache .ruff_cache .aws-sam build
+	rm -rf $(VENV) $(SAM_VENV) $(CHECKOV_VENV) $(SDK_VENV) .venv-image .pytest_cache .ruff_cache .aws-sam build

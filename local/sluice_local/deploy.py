@@ -12,6 +12,8 @@ retraining put there), what changed in the template is updated where the service
 
 from __future__ import annotations
 
+import contextlib
+
 import hashlib
 import json
 from collections.abc import Callable
@@ -175,7 +177,23 @@ class Deployer:
             if cond and not self.resolver.condition(cond):
                 continue
             self.out.outputs[name] = self.resolver.resolve(spec["Value"])
+        self.register_stack()
         return self.out
+
+    def register_stack(self) -> None:
+        """CloudFormation's DescribeStacks answers with this deployment's outputs, as it does
+        for a stack `sam deploy` made: clients (examples/sdk) find the role, bucket and endpoint
+        the same way on AWS and here. The stack itself holds one placeholder resource; it is
+        made anew at every start (its resources are the ones this deployer created)."""
+        cf = self.client("cloudformation")
+        body = {
+            "Description": "local Sluice: outputs of the deployment sluice-local made",
+            "Resources": {"Deployed": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+            "Outputs": {k: {"Value": str(v)} for k, v in self.out.outputs.items()},
+        }
+        with contextlib.suppress(ClientError):
+            cf.delete_stack(StackName=self.stack_name)
+        cf.create_stack(StackName=self.stack_name, TemplateBody=json.dumps(body))
 
     def _previous(self, rid: str) -> dict | None:
         return self.previous.get(rid)

@@ -329,11 +329,16 @@ def _idempotent_model_package(moto_create):
 
 def backend_patches() -> list[tuple[object, str, object]]:
     """(owner, attribute, value) for each fix to moto's services."""
+    from moto.iam.responses import IamResponse
     from moto.s3.models import FakeBucket
     from moto.sagemaker.models import SageMakerModelBackend
 
+    from .iam_simulation import simulate_principal_policy
+
     return [
         (FakeBucket, "get_permission", bucket_permission),
+        # moto lacks IAM's policy simulator; the SageMaker SDK asks it about execution roles
+        (IamResponse, "simulate_principal_policy", simulate_principal_policy),
         (
             SageMakerModelBackend,
             "create_model_package",

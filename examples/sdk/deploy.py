@@ -1,0 +1,94 @@
+"""Deploy a trained Sluice model to a real-time endpoint and call it, with the SageMaker Python
+SDK's resources (Model, EndpointConfig, Endpoint).
+
+    python examples/sdk/deploy.py <training job name> [endpoint name]
+
+Asks it in JSON Lines (one record per line, a task each) and with a plain string (one prompt a
+line), then deletes what it created. (Retraining deploys by itself, blue/green, to the
+deployment's own endpoint: this one is yours.)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from common import outputs, session
+from sagemaker.core.resources import Endpoint, EndpointConfig, Model, TrainingJob
+from sagemaker.core.shapes import ContainerDefinition, ProductionVariant
+
+
+def deploy(job_name: str, name: str, out: dict[str, str]) -> Endpoint:
+    boto = session(out).boto_session
+    job = TrainingJob.get(job_name, session=boto)
+    Model.create(
+        model_name=name,
+        primary_container=ContainerDefinition(
+            image=out["ImageUri"], model_data_url=job.model_artifacts.s3_model_artifacts
+        ),
+        execution_role_arn=out["SageMakerExecutionRoleArn"],
+        session=boto,
+    )
+    EndpointConfig.create(
+        endpoint_config_name=name,
+        production_variants=[
+            ProductionVariant(
+                variant_name="AllTraffic",
+                model_name=name,
+                instance_type="ml.g5.xlarge",
+                initial_instance_count=1,
+            )
+        ],
+        kms_key_id=out["DataKeyArn"],
+        session=boto,
+    )
+    endpoint = Endpoint.create(endpoint_name=name, endpoint_config_name=name, session=boto)
+    endpoint.wait_for_status("InService")
+    return endpoint
+
+
+def predict(endpoint: Endpoint, text: str) -> str:
+    """A plain string in, the generated continuation out."""
+    answer = endpoint.invoke(body=text, content_type="text/plain", accept="application/jsonlines")
+    return json.loads(answer.body.read().decode().splitlines()[0])["generated_text"]
+
+
+def ask(endpoint: Endpoint, records: list[dict]) -> list[dict]:
+    """JSON Lines in (one record a line), one answer line per record out, in order."""
+    body = "\n".join(json.dumps(r) for r in records)
+    answer = endpoint.invoke(
+        body=body, content_type="application/jsonlines", accept="application/jsonlines"
+    )
+    return [json.loads(line) for line in answer.body.read().decode().splitlines()]
+
+
+def remove(name: str, out: dict[str, str]) -> None:
+    boto = session(out).boto_session
+    Endpoint.get(name, session=boto).delete()
+    EndpointConfig.get(name, session=boto).delete()
+    Model.get(name, session=boto).delete()
+
+
+def main(job_name: str, name: str = "sluice-sdk-endpoint") -> dict:
+    out = outputs()
+    endpoint = deploy(job_name, name, out)
+    try:
+        text = predict(endpoint, "The quick brown fox jumps over the")
+        print(f"predict: The quick brown fox jumps over the|{text}")
+        answers = ask(
+            endpoint,
+            [
+                {"id": "g", "text": "Every horse likes", "parameters": {"max_new_tokens": 5}},
+                {"id": "s", "text": "The lazy cat eats fish.", "task": "score"},
+                {"id": "n", "text": "In the desert there is", "task": "next_token"},
+            ],
+        )
+        for a in answers:
+            print(json.dumps(a))
+        return {"predict": text, "answers": answers}
+    finally:
+        remove(name, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,89 @@
+"""Run a SageMaker Batch Transform over an S3 prefix of prompt files with a trained Sluice model
+(the SDK's TransformJob resource), and print each input line beside its output line.
+
+    python examples/sdk/transform.py <training job name> s3://<bucket>/<prefix of .jsonl files>/
+
+Every input line gets one output line, in order (an error line for a malformed record). Files
+dropped under `incoming/` of the deployment's bucket are transformed without any of this.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from common import outputs, session
+from sagemaker.core.resources import Model, TrainingJob, TransformJob
+from sagemaker.core.shapes import (
+    ContainerDefinition,
+    TransformDataSource,
+    TransformInput,
+    TransformOutput,
+    TransformResources,
+    TransformS3DataSource,
+)
+
+
+def split(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    return bucket, key
+
+
+def main(job_name: str, data: str) -> dict[str, list[tuple[str, str]]]:
+    out = outputs()
+    boto = session(out).boto_session
+    name = f"sluice-sdk-transform-{time.strftime('%Y%m%d%H%M%S')}"
+    job = TrainingJob.get(job_name, session=boto)
+    Model.create(
+        model_name=name,
+        primary_container=ContainerDefinition(
+            image=out["ImageUri"], model_data_url=job.model_artifacts.s3_model_artifacts
+        ),
+        execution_role_arn=out["SageMakerExecutionRoleArn"],
+        session=boto,
+    )
+    destination = f"s3://{out['DataBucketName']}/sdk/transform/{name}/"
+    transform = TransformJob.create(
+        transform_job_name=name,
+        model_name=name,
+        transform_input=TransformInput(
+            data_source=TransformDataSource(
+                s3_data_source=TransformS3DataSource(s3_data_type="S3Prefix", s3_uri=data)
+            ),
+            content_type="application/jsonlines",
+            split_type="Line",
+        ),
+        transform_output=TransformOutput(
+            s3_output_path=destination,
+            accept="application/jsonlines",
+            assemble_with="Line",
+            kms_key_id=out["DataKeyArn"],
+        ),
+        transform_resources=TransformResources(instance_type="ml.g5.xlarge", instance_count=1),
+        batch_strategy="MultiRecord",
+        max_payload_in_mb=1,
+        session=boto,
+    )
+    try:
+        transform.wait()
+        transform.refresh()
+        print(f"transform job {name}: {transform.transform_job_status}")
+        s3 = boto.client("s3")
+        pairs: dict[str, list[tuple[str, str]]] = {}
+        bucket, prefix = split(data)
+        for obj in s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+            source = obj["Key"]
+            rel = source[len(prefix) :].lstrip("/")
+            ob, ok = split(destination + rel + ".out")
+            inputs = s3.get_object(Bucket=bucket, Key=source)["Body"].read().decode().splitlines()
+            results = s3.get_object(Bucket=ob, Key=ok)["Body"].read().decode().splitlines()
+            pairs[rel] = list(zip(inputs, results, strict=True))
+            for i, o in pairs[rel]:
+                print(f"{i[:60]:60} -> {o[:100]}")
+        return pairs
+    finally:
+        Model.get(name, session=boto).delete()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
