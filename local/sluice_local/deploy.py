@@ -13,7 +13,6 @@ retraining put there), what changed in the template is updated where the service
 from __future__ import annotations
 
 import contextlib
-
 import hashlib
 import json
 from collections.abc import Callable

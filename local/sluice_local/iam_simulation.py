@@ -53,9 +53,7 @@ def _condition(statement: dict, context: dict[str, list[str]]) -> tuple[bool, li
                     missing.append(key)
                     holds = False
                 continue
-            if check is None or not any(
-                check(v, str(p)) for v in values for p in _list(patterns)
-            ):
+            if check is None or not any(check(v, str(p)) for v in values for p in _list(patterns)):
                 holds = False
     return holds, missing
 
