@@ -201,6 +201,16 @@ class Server:
             self.proc.wait(timeout=60)
 
 
+def running_stack(tmp_path_factory, name: str, overrides: list[str]):
+    """A module's `sluice-local up` on a fresh state folder, stopped after its tests."""
+    state = tmp_path_factory.mktemp(name) / "state"
+    state.mkdir()
+    stack = LocalUp(state, overrides).start()
+    yield stack
+    if stack.proc.poll() is None:
+        stack.stop()
+
+
 class LocalUp:
     """One `sluice-local up` process (started, stopped, started again) and what its users hold."""
 

@@ -116,7 +116,7 @@ class SimulatedSageMaker:
 
         sim = self
         for owner, name, value in interpreter_patches() + backend_patches():
-            monkeypatch.setattr(owner, name, value)
+            monkeypatch.setattr(owner, name, value, raising=False)
         fast_clock(monkeypatch)
         parse_once(monkeypatch)
 
@@ -313,6 +313,21 @@ class SimulatedSageMaker:
         """Count one poll; True once this job has been polled enough to reach its outcome."""
         self._seen[key] = self._seen.get(key, 0) + 1
         return self._seen[key] >= self.polls
+
+
+def world(monkeypatch, **overrides):
+    """A fresh moto world with the simulated SageMaker and the state machine (template
+    substitutions overridden by `overrides`), for a fixture to yield from."""
+    from moto import mock_aws
+
+    aws_env(monkeypatch)
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
+        sim = SimulatedSageMaker()
+        sim.install(monkeypatch)
+        w = create_world()
+        w["sim"] = sim
+        w["arn"] = create_state_machine(w, **overrides)
+        yield w
 
 
 def aws_env(monkeypatch) -> None:

@@ -47,3 +47,20 @@ def metric_definitions() -> list:
 
 
 METRICS = metric_definitions()
+
+
+def create_model(name: str, training_job: str, out: dict[str, str]):
+    """A SageMaker Model of Sluice's image over a training job's model artifact."""
+    from sagemaker.core.resources import Model, TrainingJob
+    from sagemaker.core.shapes import ContainerDefinition
+
+    boto = session(out).boto_session
+    job = TrainingJob.get(training_job, session=boto)
+    return Model.create(
+        model_name=name,
+        primary_container=ContainerDefinition(
+            image=out["ImageUri"], model_data_url=job.model_artifacts.s3_model_artifacts
+        ),
+        execution_role_arn=out["SageMakerExecutionRoleArn"],
+        session=boto,
+    )

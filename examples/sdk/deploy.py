@@ -13,22 +13,14 @@ from __future__ import annotations
 import json
 import sys
 
-from common import outputs, session
-from sagemaker.core.resources import Endpoint, EndpointConfig, Model, TrainingJob
-from sagemaker.core.shapes import ContainerDefinition, ProductionVariant
+from common import create_model, outputs, session
+from sagemaker.core.resources import Endpoint, EndpointConfig, Model
+from sagemaker.core.shapes import ProductionVariant
 
 
 def deploy(job_name: str, name: str, out: dict[str, str]) -> Endpoint:
     boto = session(out).boto_session
-    job = TrainingJob.get(job_name, session=boto)
-    Model.create(
-        model_name=name,
-        primary_container=ContainerDefinition(
-            image=out["ImageUri"], model_data_url=job.model_artifacts.s3_model_artifacts
-        ),
-        execution_role_arn=out["SageMakerExecutionRoleArn"],
-        session=boto,
-    )
+    create_model(name, job_name, out)
     EndpointConfig.create(
         endpoint_config_name=name,
         production_variants=[

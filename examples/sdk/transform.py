@@ -12,10 +12,9 @@ from __future__ import annotations
 import sys
 import time
 
-from common import outputs, session
-from sagemaker.core.resources import Model, TrainingJob, TransformJob
+from common import create_model, outputs, session
+from sagemaker.core.resources import Model, TransformJob
 from sagemaker.core.shapes import (
-    ContainerDefinition,
     TransformDataSource,
     TransformInput,
     TransformOutput,
@@ -33,15 +32,7 @@ def main(job_name: str, data: str) -> dict[str, list[tuple[str, str]]]:
     out = outputs()
     boto = session(out).boto_session
     name = f"sluice-sdk-transform-{time.strftime('%Y%m%d%H%M%S')}"
-    job = TrainingJob.get(job_name, session=boto)
-    Model.create(
-        model_name=name,
-        primary_container=ContainerDefinition(
-            image=out["ImageUri"], model_data_url=job.model_artifacts.s3_model_artifacts
-        ),
-        execution_role_arn=out["SageMakerExecutionRoleArn"],
-        session=boto,
-    )
+    create_model(name, job_name, out)
     destination = f"s3://{out['DataBucketName']}/sdk/transform/{name}/"
     transform = TransformJob.create(
         transform_job_name=name,

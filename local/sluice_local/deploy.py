@@ -176,7 +176,6 @@ class Deployer:
             if cond and not self.resolver.condition(cond):
                 continue
             self.out.outputs[name] = self.resolver.resolve(spec["Value"])
-        self.register_stack()
         return self.out
 
     def register_stack(self) -> None:

@@ -229,7 +229,9 @@ class LocalStack:
         t = transform(self.template, self.overrides)
         stage = str(t.parameters.get("Stage", "local"))
         self.stage = stage
-        self.deployment = Deployer(t, self.client, f"sluice-{stage}", previous).deploy()
+        deployer = Deployer(t, self.client, f"sluice-{stage}", previous)
+        self.deployment = deployer.deploy()
+        deployer.register_stack()
         self.functions.specs.update(self.deployment.functions)
         previous_file.write_text(json.dumps(self.deployment.to_json(), indent=1, default=str))
         return self.deployment

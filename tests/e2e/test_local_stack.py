@@ -17,7 +17,7 @@ import boto3
 import pytest
 
 from sluice_local.corpus import generate
-from tests.helpers import LocalUp, hp
+from tests.helpers import hp, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +28,7 @@ OVERRIDES = [f"TrainingHyperparameters={json.dumps(TRAINING)}", "EdgeSequenceLen
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    state = tmp_path_factory.mktemp("local") / "state"
-    state.mkdir()
-    stack = LocalUp(state, OVERRIDES).start()
-    yield stack
-    if stack.proc.poll() is None:
-        stack.stop()
+    yield from running_stack(tmp_path_factory, "local", OVERRIDES)
 
 
 @pytest.fixture(scope="module")

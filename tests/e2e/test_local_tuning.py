@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sluice_local.corpus import generate
-from tests.helpers import LocalUp, hp
+from tests.helpers import hp, running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -29,12 +29,7 @@ OVERRIDES = [
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    state = tmp_path_factory.mktemp("tuning") / "state"
-    state.mkdir()
-    stack = LocalUp(state, OVERRIDES).start()
-    yield stack
-    if stack.proc.poll() is None:
-        stack.stop()
+    yield from running_stack(tmp_path_factory, "tuning", OVERRIDES)
 
 
 def test_a_tuned_retrain_promotes_its_best_trial(local):

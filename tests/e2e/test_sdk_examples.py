@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sluice_local.corpus import generate
-from tests.helpers import LocalUp
+from tests.helpers import running_stack
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +26,8 @@ EXAMPLES = REPO / "examples" / "sdk"
 def local(tmp_path_factory):
     if not SDK_PYTHON.exists():
         pytest.fail(f"{SDK_PYTHON} is missing: `make sdk` installs the SDK's environment")
-    state = tmp_path_factory.mktemp("sdk") / "state"
-    state.mkdir()
-    stack = LocalUp(state, []).start()
+    stacks = running_stack(tmp_path_factory, "sdk", [])
+    stack = next(stacks)
     bucket = stack.status["outputs"]["DataBucketName"]
     s3 = stack.client("s3")
     s3.put_object(
@@ -42,8 +41,7 @@ def local(tmp_path_factory):
     s3.put_object(Bucket=bucket, Key="sdk-data/prompts/team-a.jsonl", Body="\n".join(prompts))
     stack.bucket = bucket
     yield stack
-    if stack.proc.poll() is None:
-        stack.stop()
+    next(stacks, None)  # stops it
 
 
 def example(local, name: str, *args: str, **env: str) -> subprocess.CompletedProcess:

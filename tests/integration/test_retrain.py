@@ -10,7 +10,6 @@ import json
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from tests import retrain_harness as h
 
@@ -23,14 +22,7 @@ CHAMPION_DATA = h.CHAMPION_DATA
 
 @pytest.fixture
 def world(monkeypatch):
-    h.aws_env(monkeypatch)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
-        sim = h.SimulatedSageMaker()
-        sim.install(monkeypatch)
-        w = h.create_world()
-        w["sim"] = sim
-        w["arn"] = h.create_state_machine(w)
-        yield w
+    yield from h.world(monkeypatch)
 
 
 def sm():

@@ -9,7 +9,6 @@ import json
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from tests import retrain_harness as h
 
@@ -21,20 +20,13 @@ DEFAULTS = {"max_steps": "300", "learning_rate": "0.003", "warmup_steps": "20"}
 
 @pytest.fixture
 def world(monkeypatch):
-    h.aws_env(monkeypatch)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}):
-        sim = h.SimulatedSageMaker()
-        sim.install(monkeypatch)
-        w = h.create_world()
-        w["sim"] = sim
-        w["arn"] = h.create_state_machine(
-            w,
-            TuningStrategy="Random",
-            TuningMaxJobs=2,
-            TuningParallelJobs=2,
-            TrainingHyperparameters=json.dumps(DEFAULTS),
-        )
-        yield w
+    yield from h.world(
+        monkeypatch,
+        TuningStrategy="Random",
+        TuningMaxJobs=2,
+        TuningParallelJobs=2,
+        TrainingHyperparameters=json.dumps(DEFAULTS),
+    )
 
 
 def scheduled(execution_arn: str, resource: str) -> list[dict]:
