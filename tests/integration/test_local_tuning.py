@@ -232,6 +232,7 @@ def test_the_same_seed_draws_the_same_values(tmp_path):
 def test_bayesian_runs_as_random_search_and_says_so(local):
     request = copy.deepcopy(REQUEST)
     request["HyperParameterTuningJobConfig"]["Strategy"] = "Bayesian"
+    request["HyperParameterTuningJobConfig"]["TrainingJobEarlyStoppingType"] = "Auto"
     local["api"].call("CreateHyperParameterTuningJob", request)
     assert (
         wait_done(local["api"], request["HyperParameterTuningJobName"])[
@@ -240,6 +241,10 @@ def test_bayesian_runs_as_random_search_and_says_so(local):
         == "Completed"
     )
     assert any("Bayesian strategy runs as random search" in m for m in local["said"])
+    assert any(
+        "not applied on local SageMaker: TrainingJobEarlyStoppingType=Auto" in m
+        for m in local["said"]
+    )
 
 
 def test_grid_search_tries_every_combination(local):

@@ -11,7 +11,8 @@ counters and summaries.
 
 What differs from SageMaker, said in the stack's log when it applies: Bayesian and Hyperband
 search run as random search (their models of the objective are SageMaker's own), nothing is
-stopped early, and `Auto` scaling is logarithmic when the range spans a factor of 10 or more.
+stopped early, warm starts, completion criteria and Autotune are not applied, and `Auto`
+scaling is logarithmic when the range spans a factor of 10 or more.
 """
 
 from __future__ import annotations
@@ -209,6 +210,13 @@ class TuningRunner(JobRunner):
             self.ctx.say(
                 "job", f"{name}: the {strategy} strategy runs as random search on local SageMaker"
             )
+        ignored = [k for k in ("WarmStartConfig", "Autotune") if r.get(k)] + [
+            k for k in ("TuningJobCompletionCriteria", "StrategyConfig") if config.get(k)
+        ]
+        if config.get("TrainingJobEarlyStoppingType") == "Auto":
+            ignored.append("TrainingJobEarlyStoppingType=Auto")
+        if ignored:
+            self.ctx.say("job", f"{name}: not applied on local SageMaker: {', '.join(ignored)}")
         total, parallel = trial_count(config), config["ResourceLimits"]["MaxParallelTrainingJobs"]
         rng = random.Random(config.get("RandomSeed", name))
         trials: list[dict] = list(r.get(TRIALS) or [])  # a resumed job keeps its trials
