@@ -209,13 +209,7 @@ def run_once(monkeypatch, aws, state: str, kind: str, mode: str) -> tuple[tuple,
         overrides = {
             "slow": {"TrainingTimeoutSeconds": 1},
             "tuned": {"TuningStrategy": "Random"},
-            # the tuning task's backstop, TuningMaxRuntimeSeconds (SageMaker's minimum: 120) +
-            # RollbackAllowanceSeconds, down to 1 s
-            "slow-tuning": {
-                "TuningStrategy": "Random",
-                "TuningMaxRuntimeSeconds": 120,
-                "RollbackAllowanceSeconds": -119,
-            },
+            "slow-tuning": {"TuningStrategy": "Random", "TuningTimeoutSeconds": 1},
         }.get(scenario, {})
         arn = h.create_state_machine(world, **overrides)
         if scenario != "first":
