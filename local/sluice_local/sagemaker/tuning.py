@@ -260,9 +260,8 @@ class TuningRunner(JobRunner):
     def summary(self, r: dict, trials: list[dict], final: bool = False) -> dict:
         """Counters and the best trial so far; `final`: the job's outcome too."""
         summaries = [trial_summary(r, self.api.get("TrainingJob", t["name"]), t) for t in trials]
-        jobs = {"Completed": 0, "InProgress": 0, "RetryableError": 0, "NonRetryableError": 0}
-        jobs["Stopped"] = 0
-        objectives = {"Succeeded": 0, "Pending": 0, "Failed": 0}
+        zero = initial_fields(r)
+        jobs, objectives = zero["TrainingJobStatusCounters"], zero["ObjectiveStatusCounters"]
         for s in summaries:
             status = s["TrainingJobStatus"]
             jobs[COUNTER.get(status, status)] += 1
