@@ -189,10 +189,14 @@ def start_vllm(model_dir: Path):
     )
 
 
-def vllm_generate(llm, texts):
+def vllm_generate(llm, texts, logprobs: bool = False):
+    """Greedy; with logprobs, each generated token's log-prob as well (what Sluice asks for,
+    for `mean_logprob`), in vLLM's flat form."""
     from vllm import SamplingParams
 
-    outs = llm.generate(texts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0), use_tqdm=False)
+    extra = {"logprobs": 0, "flat_logprobs": True} if logprobs else {}
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, **extra)
+    outs = llm.generate(texts, params, use_tqdm=False)
     return [o.outputs[0].text for o in outs]
 
 
@@ -324,6 +328,7 @@ def main() -> None:
         "plain_gen": [],
         "sluice_gen": [],
         "vllm_gen": [],
+        "vllm_lp_gen": [],
         "legacy_gen": [],
         "plain_sc": [],
         "plain_nt": [],
@@ -354,6 +359,8 @@ def main() -> None:
             runs["sluice_gen"].append(t)
             vllm_gen, t = timed(vllm_generate, llm, gen_texts)
             runs["vllm_gen"].append(t)
+            _, t = timed(vllm_generate, llm, gen_texts, True)
+            runs["vllm_lp_gen"].append(t)
             legacy_gen, t = timed(legacy_generate, legacy, gen_texts)
             runs["legacy_gen"].append(t)
             vllm_sc, t = timed(vllm_score, llm, seqs)
@@ -399,6 +406,7 @@ def main() -> None:
         "plain_batching_s": t_plain_gen,
         "sluice_s": t_sl_gen,
         "vllm_offline_s": med["vllm_gen"],
+        "vllm_offline_logprobs_s": med["vllm_lp_gen"],
         "identical_sluice_vs_vllm": same_text(sl_gen, vllm_gen),
         "previous_engine_s": med["legacy_gen"],
         "identical_sluice_vs_previous": same_text(sl_gen, legacy_gen),
@@ -445,6 +453,7 @@ def main() -> None:
         ("plain batching (32)", t_plain_gen),
         ("previous engine", med["legacy_gen"]),
         ("vLLM offline (ceiling)", med["vllm_gen"]),
+        ("vLLM offline + logprobs", med["vllm_lp_gen"]),
         ("Sluice serve (HTTP)", t_sl_gen),
     ):
         print(
@@ -459,7 +468,8 @@ def main() -> None:
         f"plain=pipeline {gen['identical_plain_vs_pipeline']:.0%}"
     )
     print(
-        f"Sluice serve vs vLLM offline: {med['vllm_gen'] / t_sl_gen:.2f}x; "
+        f"Sluice serve vs vLLM offline: {med['vllm_gen'] / t_sl_gen:.2f}x "
+        f"(vs the same request, per-token log-probs: {med['vllm_lp_gen'] / t_sl_gen:.2f}x); "
         f"vs the previous engine: {med['legacy_gen'] / t_sl_gen:.2f}x; "
         f"start-up to /ping: {res['sluice_start_s']:.0f} s"
     )

@@ -43,8 +43,14 @@ class TrainConfig:
     )
     finetune_method: str = _doc(
         "full (every weight) or lora (low-rank adapters through PEFT, merged into the published "
-        "model)",
+        "model unless lora_merge=false)",
         default="full",
+    )
+    lora_merge: bool = _doc(
+        "LoRA: publish plain merged weights (true), or the untouched base weights with the "
+        "adapter beside them in adapter/ (false): serve applies the adapter through vLLM's LoRA "
+        "support, every other job merges it when it loads the model",
+        default=True,
     )
     lora_r: int = _doc("LoRA rank", default=8)
     lora_alpha: int = _doc("LoRA scaling numerator (scale = lora_alpha / lora_r)", default=16)

@@ -60,10 +60,40 @@ def is_lora(model) -> bool:
     return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
 
 
-def publishable(model, staging: Path):
-    """The model to save: a LoRA model's adapter goes to `staging/adapter` (small, for whoever
-    serves adapters), and its weights are merged into the base."""
+ADAPTER_DIR = "adapter"
+
+
+def publishable(model, staging: Path, merge: bool = True):
+    """The model to save and what sluice.json records of it. A LoRA model's adapter goes to
+    `staging/adapter` (small, for whoever serves adapters); its weights are merged into the base,
+    or with merge=False the base is saved untouched and the adapter stays the only copy of what
+    training learned (sluice.json: {"lora": {"adapter": "adapter", "merged": false}})."""
     if not is_lora(model):
-        return model
-    model.save_pretrained(staging / "adapter")
-    return model.merge_and_unload()
+        return model, {}
+    model.save_pretrained(staging / ADAPTER_DIR)
+    config = model.peft_config["default"]
+    info = {"adapter": ADAPTER_DIR, "merged": merge, "r": config.r, "alpha": config.lora_alpha}
+    return (model.merge_and_unload() if merge else model.unload()), {"lora": info}
+
+
+def unmerged_adapter(model_dir: Path, info: dict) -> Path | None:
+    """The adapter folder of a model published with lora_merge=false (`info`: its sluice.json)."""
+    lora = info.get("lora") or {}
+    if lora.get("merged", True):
+        return None
+    path = Path(model_dir) / lora.get("adapter", ADAPTER_DIR)
+    if not (path / "adapter_config.json").is_file():
+        raise SluiceError(
+            f"{model_dir}: sluice.json names an unmerged LoRA adapter, but {path.name}/ holds no "
+            "adapter_config.json: the model is incomplete, publish it again"
+        )
+    return path
+
+
+def merge_adapter(model, adapter: Path):
+    """`model` (the base) with the adapter's weights merged in: plain weights for the jobs that
+    do not apply adapters themselves (evaluation, export, monitoring, torch scoring)."""
+    from peft import PeftModel
+
+    log.info("merging the LoRA adapter %s into the base weights", adapter)
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()

@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Co
 from transformers.utils import logging as hf_logging
 
 from .errors import SluiceError
+from .lora import merge_adapter, unmerged_adapter
 
 log = logging.getLogger("sluice.model")
 
@@ -140,6 +141,9 @@ def load_model(model_dir: Path | str, dtype: torch.dtype | None = None, attn: st
     try:
         model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        adapter = unmerged_adapter(model_dir, read_sluice_json(model_dir))
+        if adapter is not None:
+            model = merge_adapter(model, adapter)
     except SafetensorError as e:  # a truncated upload, or not safetensors at all
         raise SluiceError(
             f"{model_dir}: the weights (*.safetensors) cannot be read ({e}); the file is "
@@ -149,6 +153,15 @@ def load_model(model_dir: Path | str, dtype: torch.dtype | None = None, attn: st
         raise SluiceError(f"{model_dir}: cannot load model or tokenizer ({e})") from None
     ensure_pad_token(tokenizer)
     return model, tokenizer
+
+
+def merged_copy(model_dir: Path | str, dest: Path) -> Path:
+    """A plain checkpoint in `dest` of a model published with an unmerged LoRA adapter (for an
+    engine that cannot apply the adapter itself): weights merged, tokenizer and settings kept."""
+    model, tokenizer = load_model(model_dir)
+    model.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+    return dest
 
 
 def ensure_pad_token(tokenizer) -> None:

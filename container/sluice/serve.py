@@ -26,6 +26,7 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,13 +35,15 @@ from pathlib import Path
 import torch
 
 from .batcher import Batcher, TorchScorer
-from .engine import EngineConfig, Job, VllmEngine, error_result, prepare
+from .engine import EngineConfig, Job, VllmEngine, error_result, prepare, vllm_adapter
 from .errors import SluiceError
+from .lora import unmerged_adapter
 from .model import (
     check_causal,
     context_length,
     ensure_pad_token,
     load_model,
+    merged_copy,
     read_sluice_json,
 )
 from .records import (
@@ -195,6 +198,7 @@ class State:
         self.context = 0
         self.config = EngineConfig()
         self.defaults = Defaults()
+        self._merged: tempfile.TemporaryDirectory | None = None
 
     def load(self) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -208,11 +212,23 @@ class State:
             raise SluiceError(f"{self.model_dir}: cannot load the tokenizer ({e})") from None
         ensure_pad_token(self.tok)
         self.context = context_length(AutoConfig.from_pretrained(self.model_dir))
-        info = read_sluice_json(self.model_dir).get("task_defaults", {})
-        self.defaults = defaults_from(info, self.model_dir)
+        info = read_sluice_json(self.model_dir)
+        self.defaults = defaults_from(info.get("task_defaults", {}), self.model_dir)
         self.config = EngineConfig.from_env(self.gpus > 0, self.defaults.params.get("generate"))
+        served, adapter = self.model_dir, None
+        lora = unmerged_adapter(self.model_dir, info)
+        if lora is not None:
+            adapter = vllm_adapter(self.model_dir, lora)
+            if adapter is None:  # vLLM cannot apply it to this architecture: serve it merged
+                self._merged = tempfile.TemporaryDirectory(prefix="sluice-merged-")
+                served = merged_copy(self.model_dir, Path(self._merged.name))
+                log.warning(
+                    "vLLM has no LoRA support for this architecture: serving the adapter merged "
+                    "into a copy of the base (%s)",
+                    served,
+                )
         self.engine = VllmEngine(
-            self.model_dir, self.tok, self.context, str(dtype).split(".")[-1], self.config
+            served, self.tok, self.context, str(dtype).split(".")[-1], self.config, adapter
         )
         self.score_engine = os.environ.get("SLUICE_SCORE_ENGINE") or (
             "vllm" if self.gpus else "torch"
@@ -258,6 +274,8 @@ class State:
             self.scorer.close()
         if self.engine is not None:
             self.engine.close()
+        if self._merged is not None:
+            self._merged.cleanup()
 
 
 class ClientGone(Exception):
@@ -289,7 +307,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/ping":
-            if self.state.ready.is_set() and not self.state.draining:
+            if self.state.engine is not None and self.state.engine.check():
+                self._send(500, b"engine failed", "text/plain")
+            elif self.state.ready.is_set() and not self.state.draining:
                 self._send(200)
             else:
                 self._send(
@@ -537,8 +557,13 @@ def serve(model_dir: Path, port: int | None = None, host: str = "0.0.0.0") -> in
         return 1
     print(f"sluice serve: ready on port {server.server_address[1]}", flush=True)
     while not stop.wait(timeout=1.0):
-        pass
-    log.info("SIGTERM: refusing new requests, draining %d in flight", state.in_flight)
+        if state.engine.check():  # a dead engine answers nothing: exit, the platform restarts us
+            break
+    failed = state.engine.failed
+    if failed:
+        log.error("exiting: the vLLM engine died (%s)", failed)
+    else:
+        log.info("SIGTERM: refusing new requests, draining %d in flight", state.in_flight)
     state.draining = True
     server.shutdown()  # stop accepting
     server.server_close()
@@ -548,4 +573,4 @@ def serve(model_dir: Path, port: int | None = None, host: str = "0.0.0.0") -> in
     state.close()
     log.info("stopped (%d left in flight)", state.in_flight)
     sys.stdout.flush()
-    return 0
+    return 1 if failed else 0

@@ -462,7 +462,7 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
 
     staging = opt.work_dir / "model-staging"
     shutil.rmtree(staging, ignore_errors=True)
-    model = publishable(model, staging)
+    model, published = publishable(model, staging, merge=cfg.lora_merge)
     model.save_pretrained(staging, safe_serialization=True)
     tokenizer.save_pretrained(staging)
     (staging / "evaluation.json").write_text(strict_json(report, indent=2) + "\n")
@@ -478,7 +478,9 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
         "metrics": values,
         "hyperparameters": cfg.to_dict(),
         "history": {"train": history.train, "validation": history.validation},
+        **published,
     }
+    write_sluice_json(staging, info)  # first: the export loads the model as serving will
     if cfg.export_edge:
         from .export import export_edge
 

@@ -246,3 +246,33 @@ def test_sigterm_finishes_the_request_in_flight_then_exits(trained):
     with pytest.raises(OSError):
         s.get("/ping")
     assert any("draining 1 in flight" in line for line in s.log), "".join(s.log)
+
+
+def test_a_dead_engine_fails_its_records_and_the_server_exits_1(trained):
+    """vLLM's engine process killed (the OOM killer, a crash) mid-request: the records in flight
+    get `engine_failed` lines, /ping stops answering 200 and the server exits 1, so that
+    SageMaker replaces the instance or fails the transform job instead of a server that errs on
+    every record while its health check passes."""
+    import psutil
+
+    s = Server(trained["model"])
+    try:
+        cores = [
+            p
+            for p in psutil.Process(s.proc.pid).children(recursive=True)
+            if "EngineCore" in " ".join(p.cmdline())
+        ]
+        assert cores, "no EngineCore process under serve"
+        thread, result = long_request(s)
+        time.sleep(2)
+        for p in cores:
+            p.kill()
+        thread.join(timeout=120)
+        lines = result["resp"]  # a 200, one line per record
+        assert len(lines) == len(LONG_BATCH)
+        codes = {o["error"]["code"] for o in lines if "error" in o}
+        assert codes == {"engine_failed"}, codes
+        assert s.proc.wait(timeout=120) == 1
+    finally:
+        s.stop()
+    assert "the vLLM engine died" in "".join(s.log)

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.helpers import hp, read_json, run_sluice, sets, train_losses
+from tests.helpers import Server, hp, read_json, run_sluice, sets, train_losses
 
 MODEL_FILES = {
     "config.json",
@@ -474,8 +474,9 @@ def test_a_tokenizer_larger_than_the_embedding_is_fitted_before_the_first_step(
     assert read_json(out / "model" / "evaluation.json")["challenger"]["records"] > 0
 
 
-def tiny_llama(folder: Path, tokenizer_from: Path) -> Path:
-    """A Llama-architecture model (random weights) with a trained tokenizer: the base to adapt."""
+def tiny_llama(folder: Path, tokenizer_from: Path, heads: int = 4) -> Path:
+    """A Llama-architecture model (random weights) with a trained tokenizer: the base to adapt.
+    vLLM's CPU attention needs heads of 32+ dimensions: heads=2 for a model that is served."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(tokenizer_from)
@@ -484,8 +485,8 @@ def tiny_llama(folder: Path, tokenizer_from: Path) -> Path:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
         max_position_embeddings=128,
         bos_token_id=tok.bos_token_id,
         eos_token_id=tok.eos_token_id,
@@ -588,3 +589,83 @@ def test_evaluate_command_scores_several_models_on_the_same_records(trained, cor
     result = json.loads(proc.stdout[proc.stdout.index("{") :])
     (only,) = result.values()  # the same folder twice is one entry
     assert only["records"] == 50 and only["perplexity"] > 1
+
+
+def test_lora_merge_false_publishes_the_untouched_base_and_serve_applies_the_adapter(
+    tmp_path, trained, corpus_dir
+):
+    """The adapter is the only copy of what training learned; vLLM applies it when serving,
+    every other job (export, monitoring, evaluation, torch scoring) merges it on load."""
+    from sluice.model import load_model
+
+    base = tiny_llama(tmp_path / "base", trained["model"], heads=2)
+    runs = {}
+    for merge in ("true", "false"):
+        runs[merge] = tmp_path / f"merge-{merge}"
+        train(
+            corpus_dir / "train", runs[merge], "--pretrained", str(base),
+            finetune_method="lora", lora_merge=merge, max_steps=12, learning_rate=0.02,
+            warmup_steps=2, export_edge=merge == "false",
+        )  # fmt: skip
+    model_dir = runs["false"] / "model"
+    assert read_json(model_dir / "sluice.json")["lora"] == {
+        "adapter": "adapter", "merged": False, "r": 8, "alpha": 16
+    }  # fmt: skip
+    before, published = load_file(base / "model.safetensors"), weights(model_dir)
+    assert set(before) == set(published)
+    assert all(torch.equal(before[n], published[n]) for n in before), "the base was changed"
+    # the edge export loaded it as every job does: merged
+    assert (model_dir / "edge").is_dir()
+    merged = weights(runs["true"] / "model")
+    loaded, tok = load_model(model_dir)
+    loaded_weights = loaded.state_dict()
+    changed = [n for n in before if not torch.equal(before[n], merged[n])]
+    assert changed
+    for n in before:
+        torch.testing.assert_close(loaded_weights[n], merged[n], rtol=0, atol=1e-6)
+
+    prompts = ["The lazy cat eats", "In the desert there is often", "Every horse likes"]
+    server = Server(model_dir)
+    try:
+        out = server.lines(
+            [{"text": t, "task": "next_token", "parameters": {"top_k": 5}} for t in prompts]
+        )
+        log = "".join(server.log)
+    finally:
+        server.stop()
+    assert "LoRA adapter" in log and "(rank 8)" in log, log
+    base_model, _ = load_model(base)
+    moved = 0.0
+    for text, o in zip(prompts, out, strict=True):
+        ids = torch.tensor([tok(text)["input_ids"]])
+        with torch.no_grad():
+            want = loaded(ids).logits[0, -1].softmax(-1)
+            was = base_model(ids).logits[0, -1].softmax(-1)
+        served = {t["id"]: t["prob"] for t in o["next_tokens"]}
+        assert list(served) == want.topk(5).indices.tolist(), (text, o)
+        for i, p in served.items():  # vLLM with the adapter = the merged model, not the base
+            assert p == pytest.approx(want[i].item(), rel=1e-3, abs=1e-6)
+            moved = max(moved, abs(p - was[i].item()))
+    assert moved > 1e-3
+
+
+def test_an_unmerged_adapter_vllm_cannot_apply_is_served_from_a_merged_copy(
+    tmp_path, trained, corpus_dir
+):
+    """vLLM has no LoRA for GPT-2: serve merges into a temporary copy instead of failing."""
+    from sluice.engine import vllm_adapter
+    from sluice.model import load_model, merged_copy
+
+    out = tmp_path / "job"
+    train(
+        corpus_dir / "train", out, "--pretrained", str(trained["model"]),
+        finetune_method="lora", lora_merge="false", max_steps=4, export_edge="false",
+    )  # fmt: skip
+    model_dir = out / "model"
+    assert vllm_adapter(model_dir, model_dir / "adapter") is None
+    copy = merged_copy(model_dir, tmp_path / "merged")
+    assert not (copy / "adapter").exists() and "lora" not in read_json(copy / "config.json")
+    loaded, _ = load_model(model_dir)
+    plain = AutoModelForCausalLM.from_pretrained(copy)
+    for name, w in plain.state_dict().items():
+        assert torch.equal(w, loaded.state_dict()[name]), name
