@@ -217,8 +217,9 @@ class VllmEngine:
         dtype: str,
         config: EngineConfig,
         adapter: Adapter | None = None,
+        batch: bool = False,
     ):
-        self.tok, self.context, self.config = tok, context, config
+        self.tok, self.context, self.config, self.batch = tok, context, config, batch
         self.eos = tok.eos_token_id
         self.lora = None  # the LoRARequest every record runs with (lora_merge=false models)
         self.failed: str | None = None  # why the engine died, once it has
@@ -233,6 +234,7 @@ class VllmEngine:
     async def _start(self, model_dir: str, dtype: str):
         import torch
         from vllm import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
         cuda = torch.cuda.is_available()
@@ -263,12 +265,20 @@ class VllmEngine:
             disable_log_stats=True,
             **lora,
         )
-        llm = AsyncLLM.from_engine_args(args)
+        # vLLM sizes its running batch by usage: the offline `LLM` class gets throughput defaults
+        # (CPU: 256 sequences, 4096 tokens a step), servers latency ones (128, 2048; an engine
+        # built directly gets the latter too). Batch Transform is offline inference.
+        usage = UsageContext.LLM_CLASS if self.batch else UsageContext.OPENAI_API_SERVER
+        llm = AsyncLLM.from_engine_args(args, usage_context=usage)
+        sched = llm.vllm_config.scheduler_config
         log.info(
-            "vLLM engine: %s, dtype %s, tensor parallel %d%s",
+            "vLLM engine: %s, dtype %s, tensor parallel %d, up to %d sequences and %d tokens a "
+            "step%s",
             model_dir,
             dtype,
             args.tensor_parallel_size,
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
             f", LoRA adapter {self.adapter.path} (rank {self.adapter.rank})" if self.lora else "",
         )
         return llm

@@ -185,9 +185,9 @@ class State:
         self.lock = threading.Lock()
         # SageMaker's MaxPayloadInMB; 0 is its "unlimited" (chunked transfer encoding)
         self.max_payload = int(float(os.environ.get("SAGEMAKER_MAX_PAYLOAD_IN_MB", "6")) * 2**20)
-        batch = os.environ.get("SAGEMAKER_BATCH", "").lower() == "true"
+        self.batch = os.environ.get("SAGEMAKER_BATCH", "").lower() == "true"
         # Batch Transform's InvocationsTimeoutInSeconds defaults to 600; endpoints allow 60
-        default_budget = 540 if batch else 55
+        default_budget = 540 if self.batch else 55
         self.budget_s = float(os.environ.get("SLUICE_INVOCATION_TIMEOUT", default_budget))
         self.device = pick_device()
         self.gpus = torch.cuda.device_count() if self.device.type == "cuda" else 0
@@ -228,7 +228,13 @@ class State:
                     served,
                 )
         self.engine = VllmEngine(
-            served, self.tok, self.context, str(dtype).split(".")[-1], self.config, adapter
+            served,
+            self.tok,
+            self.context,
+            str(dtype).split(".")[-1],
+            self.config,
+            adapter,
+            batch=self.batch,
         )
         self.score_engine = os.environ.get("SLUICE_SCORE_ENGINE") or (
             "vllm" if self.gpus else "torch"

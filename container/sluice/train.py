@@ -83,12 +83,17 @@ def precision_for(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
     return torch.float16
 
 
-def precision_text(stored: torch.dtype, amp: torch.dtype | None) -> str:
-    """What the log says about precision: the weights trained, the checkpoint's, the compute."""
+def precision_text(
+    stored: torch.dtype, amp: torch.dtype | None, frozen: torch.dtype | None = None
+) -> str:
+    """What the log says about precision: the weights trained, the checkpoint's, the compute;
+    `frozen`: the dtype LoRA's frozen base is kept in, when not float32."""
     name = str(stored).removeprefix("torch.")
     weights = "float32 weights"
     if name != "float32":
         weights += f" (the checkpoint's {name}, upcast)"
+    if frozen is not None:
+        weights = f"float32 LoRA adapters on a {str(frozen).removeprefix('torch.')} frozen base"
     compute = f"{str(amp).removeprefix('torch.')} autocast" if amp else "float32"
     return f"{weights}, {compute} compute"
 
@@ -231,8 +236,9 @@ def run_training(
     raw_model = model
     amp_dtype = precision_for(cfg, device)
     fsdp = ranks.distributed and cfg.distributed == "fsdp"
+    frozen_dtype = None
     if cfg.finetune_method == "lora" and amp_dtype == torch.bfloat16 and not fsdp:
-        saved = store_frozen(model, amp_dtype)
+        saved, frozen_dtype = store_frozen(model, amp_dtype), amp_dtype
         log.info("LoRA: the frozen base kept in bfloat16 (%.2f GiB less)", saved / 2**30)
     if fsdp:
         if amp_dtype == torch.float16:  # fp16 needs a loss scaler FSDP's float32 reduce lacks
@@ -287,7 +293,7 @@ def run_training(
             total,
             device,
             ranks.world_size,
-            precision_text(stored_dtype, amp_dtype),
+            precision_text(stored_dtype, amp_dtype, frozen_dtype),
         )
 
     def save_checkpoint() -> None:

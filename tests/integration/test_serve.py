@@ -27,6 +27,7 @@ def server(trained):
 
 
 def test_ping_and_execution_parameters(server):
+    assert "up to 128 sequences and 2048 tokens a step" in "".join(server.log)  # an endpoint
     status, body = server.get("/ping")
     assert (status, body) == (200, b"")
     status, body = server.get("/execution-parameters")
@@ -255,8 +256,10 @@ def test_a_dead_engine_fails_its_records_and_the_server_exits_1(trained):
     every record while its health check passes."""
     import psutil
 
-    s = Server(trained["model"])
+    s = Server(trained["model"], SAGEMAKER_BATCH="true")
     try:
+        # Batch Transform: vLLM's offline (throughput) batch sizes, not its server ones
+        assert "up to 256 sequences and 4096 tokens a step" in "".join(s.log)
         cores = [
             p
             for p in psutil.Process(s.proc.pid).children(recursive=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -292,7 +293,8 @@ def test_two_process_ddp_on_cpu_has_one_writer(tmp_path, corpus_dir):
 def test_fsdp_over_two_processes_trains_as_one_process_and_resumes_on_one(tmp_path, corpus_dir):
     """FSDP shards weights, gradients and AdamW state over 2 processes (gloo on CPU): the same
     losses and weights as one process with the same global batch. Its sharded checkpoint,
-    written by 2 processes, resumes on 1 (resharded by torch.distributed.checkpoint)."""
+    written by 2 processes, resumes on 1 (resharded by torch.distributed.checkpoint), and
+    under DDP on 2."""
     data = corpus_dir / "train"
     same = {"max_steps": 10, "log_interval": 1, "checkpoint_interval": 5, "dropout": 0}
     one = train(data, tmp_path / "one", **same, batch_size=8)
@@ -310,12 +312,18 @@ def test_fsdp_over_two_processes_trains_as_one_process_and_resumes_on_one(tmp_pa
     shards = part / "checkpoints" / "step-00000006.dcp"
     assert {p.name for p in shards.iterdir()} >= {"__0_0.distcp", "__1_0.distcp", "trainer.pt"}
 
+    # the same sharded checkpoint also resumes under DDP over 2 processes (full state dicts)
+    shutil.copytree(part / "checkpoints", tmp_path / "ddp" / "checkpoints")
     resumed = train(data, part, **same, batch_size=8, distributed="fsdp")
     assert "resumed from checkpoint at step 6" in resumed.stdout + resumed.stderr
     assert train_losses(resumed.stdout) == pytest.approx(train_losses(one.stdout)[6:], abs=1e-4)
-    a, b = weights(tmp_path / "one" / "model"), weights(part / "model")
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-4)
+    ddp = train(data, tmp_path / "ddp", "--nproc", "2", **same, batch_size=4)
+    assert "resumed from checkpoint at step 6" in ddp.stdout + ddp.stderr
+    assert train_losses(ddp.stdout) == pytest.approx(train_losses(one.stdout)[6:], abs=1e-4)
+    a = weights(tmp_path / "one" / "model")
+    for b in (weights(part / "model"), weights(tmp_path / "ddp" / "model")):
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-4)
     assert not list((part / "checkpoints").glob(".*.tmp"))
 
 

@@ -120,3 +120,18 @@ def test_a_job_whose_workers_stopped_for_sigterm_exits_143(codes, status):
     from sluice.distributed import _job_status
 
     assert _job_status(codes) == status
+
+
+def test_the_precision_log_line_says_what_is_really_trained():
+    import torch
+
+    from sluice.train import precision_text
+
+    assert precision_text(torch.float32, None) == "float32 weights, float32 compute"
+    assert precision_text(torch.bfloat16, torch.bfloat16) == (
+        "float32 weights (the checkpoint's bfloat16, upcast), bfloat16 autocast compute"
+    )
+    # LoRA on a bf16 GPU: the frozen base stays bf16, only the adapters are float32
+    assert precision_text(torch.float32, torch.bfloat16, torch.bfloat16) == (
+        "float32 LoRA adapters on a bfloat16 frozen base, bfloat16 autocast compute"
+    )
