@@ -383,7 +383,8 @@ class VllmEngine:
         ids = list(c.token_ids)
         # flat log-probs, one per position (logprobs=0: the sampled token's, first at each start)
         flat = c.logprobs
-        logprobs = [flat.logprobs[i] for i in flat.start_indices] if flat is not None else []
+        steps = flat.start_indices[: len(ids)] if flat is not None else []
+        logprobs = [flat.logprobs[i] for i in steps]
         if c.finish_reason == "stop" and c.stop_reason is None and ids and ids[-1] == self.eos:
             finish, ids, logprobs = "eos", ids[:-1], logprobs[: len(ids) - 1]
         else:

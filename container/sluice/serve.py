@@ -219,12 +219,12 @@ class State:
         lora = unmerged_adapter(self.model_dir, info)
         if lora is not None:
             adapter = vllm_adapter(self.model_dir, lora)
-            if adapter is None:  # vLLM cannot apply it to this architecture: serve it merged
+            if adapter is None:  # vLLM cannot apply it (architecture, rank): serve it merged
                 self._merged = tempfile.TemporaryDirectory(prefix="sluice-merged-")
                 served = merged_copy(self.model_dir, Path(self._merged.name))
                 log.warning(
-                    "vLLM has no LoRA support for this architecture: serving the adapter merged "
-                    "into a copy of the base (%s)",
+                    "vLLM cannot apply this LoRA adapter (no LoRA support for the architecture, "
+                    "or a rank above 512): serving it merged into a copy of the base (%s)",
                     served,
                 )
         self.engine = VllmEngine(
