@@ -318,10 +318,14 @@ class VllmEngine:
 
     def check(self) -> str | None:
         """Why the engine died, or None while it runs (vLLM notices its processes exiting)."""
-        if self.failed is None and self.llm is not None and self.llm.errored:
-            self.failed = "the vLLM engine process exited"
-            log.error("the vLLM engine died (%s); the server stops", self.failed)
+        if self.llm is not None and self.llm.errored:
+            self._fail("the vLLM engine process exited")
         return self.failed
+
+    def _fail(self, reason: str) -> None:
+        if self.failed is None:
+            self.failed = reason
+            log.error("the vLLM engine died (%s); the server stops", reason)
 
     def _dead(self, e: Exception) -> bool:
         """Whether vLLM's engine is gone (its process crashed or was killed): every record from
@@ -330,9 +334,7 @@ class VllmEngine:
 
         if not isinstance(e, EngineDeadError):
             return False
-        if self.failed is None:
-            self.failed = f"{type(e).__name__}: {e}"
-            log.error("the vLLM engine died (%s); the server stops", self.failed)
+        self._fail(f"{type(e).__name__}: {e}")
         return True
 
     async def _final(self, ids: list[int], params):
