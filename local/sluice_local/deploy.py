@@ -104,6 +104,7 @@ class Deployer:
             transformed.parameters, template.get("Conditions") or {}, stack_name=stack_name
         )
         self.out = Deployment()
+        self.visibility: dict[str, int] = {}  # queue ARN -> VisibilityTimeout, as created
         self.creators: dict[str, Callable[[str, dict], dict]] = {
             "AWS::KMS::Key": self.kms_key,
             "AWS::KMS::Alias": self.kms_alias,
@@ -303,6 +304,7 @@ class Deployer:
         except ClientError:
             url = sqs.create_queue(QueueName=name, Attributes=attrs)["QueueUrl"]
         arn = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{name}"
+        self.visibility[arn] = int(p.get("VisibilityTimeout", 30))  # SQS's default
         return {"Ref": url, "Arn": arn, "QueueName": name, "QueueUrl": url}
 
     def queue_policy(self, rid: str, p: dict) -> dict:
@@ -555,6 +557,7 @@ class Deployer:
             )
             return {"Ref": rid}
         scaling = p.get("ScalingConfig") or {}
+        self._check_mapping(rid, p)
         self.out.event_sources.append(
             EventSource(
                 logical_id=rid,
@@ -568,6 +571,63 @@ class Deployer:
             )
         )
         return {"Ref": hashlib.sha256(rid.encode()).hexdigest()[:36]}
+
+    def _check_mapping(self, rid: str, p: dict) -> None:
+        """CreateEventSourceMapping as Lambda checks it: its service model and its documented
+        rules (sluice_local.aws_rules), with the queue and function this deployment made."""
+        from . import aws_rules
+        from .validation import input_shape, message, shape_problems
+
+        request = {
+            k: p[k]
+            for k in (
+                "EventSourceArn",
+                "FunctionName",
+                "BatchSize",
+                "MaximumBatchingWindowInSeconds",
+                "FunctionResponseTypes",
+                "ScalingConfig",
+                "Enabled",
+            )
+            if k in p
+        }
+        for k in ("BatchSize", "MaximumBatchingWindowInSeconds"):
+            if k in request:
+                request[k] = int(request[k])
+        if "ScalingConfig" in request:
+            request["ScalingConfig"] = {k: int(v) for k, v in request["ScalingConfig"].items()}
+        op = "CreateEventSourceMapping"
+        found = shape_problems(request, input_shape("lambda", op)) + aws_rules.problems(
+            "lambda", op, request, world=_DeployedWorld(self)
+        )
+        if found:
+            raise TemplateError(
+                f"{rid} (AWS::Lambda::EventSourceMapping): Lambda would refuse it: "
+                + message(found)
+            )
+
+
+class _DeployedWorld:
+    """What Lambda knows when it creates an event source mapping: the queue and the function."""
+
+    def __init__(self, deployer: Deployer):
+        self.d = deployer
+
+    def queue_visibility_timeout(self, queue_arn: str) -> int | None:
+        return self.d.visibility.get(queue_arn)
+
+    def function_timeout(self, function: str) -> int | None:
+        spec = self.d.out.functions.get(function.split(":")[-1])
+        return None if spec is None else spec.timeout_s
+
+    def endpoint_variants(self, endpoint: str) -> None:
+        return None
+
+    def config_variants(self, config: str) -> None:
+        return None
+
+    def scaled_variants(self, endpoint: str) -> None:
+        return None
 
 
 QUEUE_ATTRIBUTES = {

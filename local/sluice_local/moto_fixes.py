@@ -13,9 +13,11 @@ import json
 SFN_SERVICE_NAMES = {"applicationautoscaling": "application-autoscaling"}
 
 # Step Functions names an aws-sdk error `ServiceName.ErrorName`, both PascalCase, the error name
-# given an `Exception` suffix when it lacks one (developer guide, "AWS SDK service integrations").
-# moto's interpreter names every unmodelled error `sagemaker.sagemakerException`, so a Retry on
-# throttling never matched there. The service names are the AWS SDKs' (AcmPca, DynamoDb, Ssm).
+# given an `Exception` suffix when it lacks one (developer guide, "AWS SDK service integrations"),
+# for the errors the service's API models; an error it does not model (SageMaker models none of
+# throttling, validation or internal failures) reaches the state as `ServiceName.ServiceName
+# Exception`, e.g. `SageMaker.SageMakerException`. moto's interpreter names it
+# `sagemaker.sagemakerException`. The service names are the AWS SDKs' (AcmPca, DynamoDb, Ssm).
 SFN_ERROR_SERVICE_NAMES = {
     "applicationautoscaling": "ApplicationAutoScaling",
     "dynamodb": "DynamoDb",
@@ -76,7 +78,23 @@ SAGEMAKER_JOBS = {
 def aws_sdk_error_name(service: str, code: str) -> str:
     """The error name Step Functions gives an aws-sdk task's failed call."""
     prefix = SFN_ERROR_SERVICE_NAMES.get(service.lower(), service[:1].upper() + service[1:])
+    if code not in modelled_errors(service):
+        return f"{prefix}.{prefix}Exception"
     return f"{prefix}.{code if code.endswith('Exception') else code + 'Exception'}"
+
+
+@functools.cache
+def modelled_errors(service: str) -> frozenset[str]:
+    """The error codes `service`'s API models (botocore's error shapes)."""
+    from botocore.session import get_session
+
+    name = SFN_SERVICE_NAMES.get(service.lower(), service.lower())
+    model = get_session().get_service_model(name)
+    codes = set()
+    for shape in model.error_shapes:
+        codes.add(shape.name)
+        codes.add(shape.metadata.get("error", {}).get("code", shape.name))
+    return frozenset(codes)
 
 
 def _aws_sdk_exception_name(norm_service_name: str, ex: Exception) -> str:
@@ -327,8 +345,26 @@ def _idempotent_model_package(moto_create):
     return create_model_package
 
 
+def _deregister_not_found(moto_deregister):
+    """DeregisterScalableTarget of a target that is not registered: Application Auto Scaling
+    answers ObjectNotFoundException (its API reference); moto answered ValidationException."""
+    from moto.core.exceptions import JsonRESTError
+
+    def deregister_scalable_target(backend, namespace, r_id, dimension):
+        if not backend._scalable_target_exists(r_id, dimension):
+            raise JsonRESTError(
+                "ObjectNotFoundException",
+                f"No scalable target registered for service namespace: {namespace}, resource "
+                f"ID: {r_id}, scalable dimension: {dimension}",
+            )
+        return moto_deregister(backend, namespace, r_id, dimension)
+
+    return deregister_scalable_target
+
+
 def backend_patches() -> list[tuple[object, str, object]]:
     """(owner, attribute, value) for each fix to moto's services."""
+    from moto.applicationautoscaling.models import ApplicationAutoscalingBackend
     from moto.iam.responses import IamResponse
     from moto.s3.models import FakeBucket
     from moto.sagemaker.models import SageMakerModelBackend
@@ -343,6 +379,11 @@ def backend_patches() -> list[tuple[object, str, object]]:
             SageMakerModelBackend,
             "create_model_package",
             _idempotent_model_package(SageMakerModelBackend.create_model_package),
+        ),
+        (
+            ApplicationAutoscalingBackend,
+            "deregister_scalable_target",
+            _deregister_not_found(ApplicationAutoscalingBackend.deregister_scalable_target),
         ),
     ]
 

@@ -11,7 +11,9 @@ accepted could still be refused by AWS. This module checks them all, once:
 - tests call `problems` on the requests they capture.
 
 Patterns are matched whole (botocore's models carry them without the `^...$` AWS documents) with
-the `regex` module, which reads AWS's Java-style classes such as `\\p{L}`.
+the `regex` module, which reads AWS's Java-style classes such as `\\p{L}`. The rules AWS states
+only in prose (a field's notes, combinations of fields) are sluice_local.aws_rules, checked here
+too.
 """
 
 from __future__ import annotations
@@ -48,8 +50,13 @@ def _compiled(pattern: str):
 
 
 def problems(service: str, operation: str, params: dict) -> list[str]:
-    """Each constraint of `operation`'s input that `params` breaks, in AWS's words."""
-    return shape_problems(params, input_shape(service, operation))
+    """Each constraint of `operation`'s input that `params` breaks, in AWS's words: the service
+    model's, then the rules AWS documents in prose (sluice_local.aws_rules)."""
+    from . import aws_rules
+
+    return shape_problems(params, input_shape(service, operation)) + aws_rules.problems(
+        service, operation, params
+    )
 
 
 def request_problems(service: str, operation: str, params: dict) -> list[str]:
@@ -168,8 +175,7 @@ def strict_clients(
 
             def checked(self, operation_name, api_params):
                 model = self.meta.service_model
-                op = model.operation_model(operation_name)
-                found = shape_problems(api_params, op.input_shape)
+                found = problems(model.service_name, operation_name, api_params)
                 if found:
                     violation = (model.service_name, operation_name, found)
                     for record, callback in list(_active):

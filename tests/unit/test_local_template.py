@@ -89,12 +89,22 @@ def test_a_yaml_definition_is_rendered_as_cloudformation_renders_it():
 
 
 def test_step_functions_error_names_for_aws_sdk_tasks():
-    """`ServiceName.ErrorName`, PascalCase as the AWS SDKs name the service, `Exception` added."""
+    """`ServiceName.ErrorName`, PascalCase as the AWS SDKs name the service, `Exception` added,
+    for the errors the service models; `ServiceName.ServiceNameException` for the others."""
     from sluice_local.moto_fixes import aws_sdk_error_name
 
-    assert aws_sdk_error_name("sagemaker", "ThrottlingException") == "SageMaker.ThrottlingException"
-    assert aws_sdk_error_name("sagemaker", "ValidationException") == "SageMaker.ValidationException"
+    # SageMaker's API models neither: they reach the state as SageMaker.SageMakerException (a
+    # Retry naming SageMaker.ThrottlingException never fires on AWS)
+    assert aws_sdk_error_name("sagemaker", "ThrottlingException") == "SageMaker.SageMakerException"
+    assert aws_sdk_error_name("sagemaker", "ValidationException") == "SageMaker.SageMakerException"
+    assert (
+        aws_sdk_error_name("sagemaker", "ResourceNotFound") == "SageMaker.ResourceNotFoundException"
+    )
     assert aws_sdk_error_name("ssm", "ThrottlingException") == "Ssm.ThrottlingException"
+    assert (
+        aws_sdk_error_name("applicationautoscaling", "ThrottlingException")
+        == "ApplicationAutoScaling.ApplicationAutoScalingException"
+    )
     assert aws_sdk_error_name("s3", "NoSuchKey") == "S3.NoSuchKeyException"
     assert (
         aws_sdk_error_name("applicationautoscaling", "ConcurrentUpdateException")

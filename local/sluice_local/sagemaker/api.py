@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ACCOUNT, REGION
+from .. import ACCOUNT, REGION, aws_rules
+from ..validation import message
 from .shapes import ApiError, member_shape, operation, output, render, validate
 
 
@@ -189,8 +190,47 @@ class LocalSageMaker:
     def call(self, op: str, params: dict) -> dict:
         """One API call: validated request in, rendered answer out (ApiError on refusal)."""
         params = validate(op, params)
+        # the documented rules that depend on what exists (an endpoint's fleet, its scaling)
+        found = aws_rules.problems("sagemaker", op, params, world=self)
+        if found:
+            raise ApiError("ValidationException", message(found))
         result = self.ops[op](params)
         return output(op, result)
+
+    # --- what aws_rules may ask (aws_rules.World) ------------------------------------------------
+
+    def config_variants(self, config: str) -> list[dict] | None:
+        record = self.find("EndpointConfig", config)
+        return None if record is None else list(record.get("ProductionVariants") or [])
+
+    def endpoint_variants(self, endpoint: str) -> list[dict] | None:
+        record = self.find("Endpoint", endpoint)
+        if record is None:
+            return None
+        types = {
+            v["VariantName"]: v.get("InstanceType")
+            for v in self.config_variants(record["EndpointConfigName"]) or []
+        }
+        return [
+            {**v, "InstanceType": types.get(v.get("VariantName"))}
+            for v in record.get("ProductionVariants") or []
+        ]
+
+    def scaled_variants(self, endpoint: str) -> set[str] | None:
+        """Variants registered with Application Auto Scaling (moto's backend, this process)."""
+        from moto.applicationautoscaling.models import applicationautoscaling_backends
+
+        targets = applicationautoscaling_backends[ACCOUNT][REGION].targets.get(
+            "sagemaker:variant:DesiredInstanceCount", {}
+        )
+        prefix = f"endpoint/{endpoint}/variant/"
+        return {rid[len(prefix) :] for rid in targets if rid.startswith(prefix)}
+
+    def queue_visibility_timeout(self, queue_arn: str) -> int | None:
+        return None
+
+    def function_timeout(self, function: str) -> int | None:
+        return None
 
     # --- generic operations ---------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 
 Every request is validated as SageMaker validates it (types and required members as botocore
 checks them, then the service-side rules of sluice_local.validation: patterns, lengths, ranges,
-enums); every answer is rendered through the operation's output shape, so a client sees exactly
-the members SageMaker would send, timestamps as epoch seconds.
+enums, and the rules AWS documents in prose, sluice_local.aws_rules); every answer is rendered
+through the operation's output shape, so a client sees exactly the members SageMaker would send,
+timestamps as epoch seconds.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from functools import cache
 
 from botocore.validate import ParamValidator
 
-from ..validation import message, shape_problems
+from ..validation import message, problems
 
 
 class ApiError(Exception):
@@ -62,7 +63,7 @@ def validate(op_name: str, params: dict) -> dict:
     report = ParamValidator().validate(params, shape)
     if report.has_errors():
         raise ApiError("ValidationException", report.generate_report())
-    found = shape_problems(params, shape)
+    found = problems("sagemaker", op_name, params)
     if found:
         raise ApiError("ValidationException", message(found))
     return params
