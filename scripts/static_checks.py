@@ -88,7 +88,15 @@ def placeholder_resolver(template: dict):
                     return f"arn:aws:iam::{FAKE_ACCOUNT}:role/placeholder-{resource}"
                 return f"placeholder-{resource}"
 
-    return Placeholders(parameter_values(template, {}), template.get("Conditions") or {})
+    # a parameter without a default (ImageUri) gets a stand-in of its type
+    stand_ins = {
+        name: str(spec.get("MinValue", 1))
+        if spec.get("Type") == "Number"
+        else f"placeholder-{name}"
+        for name, spec in (template.get("Parameters") or {}).items()
+        if "Default" not in spec
+    }
+    return Placeholders(parameter_values(template, stand_ins), template.get("Conditions") or {})
 
 
 def state_machines(template: dict, root: Path) -> dict[Path, dict]:

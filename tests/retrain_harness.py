@@ -19,6 +19,10 @@ from functools import cache
 from pathlib import Path
 
 import boto3
+from moto.sagemaker.exceptions import ValidationError
+
+from sluice_local import aws_rules
+from sluice_local.validation import message
 
 REPO = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"
@@ -73,6 +77,15 @@ def substitutions(**overrides) -> dict:
         CompileMaxPolls=6,
         # moto checks instance types against an older list than SageMaker's (no g5)
         EndpointInstanceType="ml.g4dn.xlarge",
+        EndpointVariant=json.dumps(
+            {
+                "VariantName": "AllTraffic",
+                "InstanceType": "ml.g4dn.xlarge",
+                "InitialInstanceCount": 1,
+                "InferenceAmiVersion": "al2023-ami-sagemaker-inference-gpu-4-1",
+            }
+        ),
+        EndpointVolumeKey="{}",  # g4dn has local storage: no volume key
     )
     subs.update(overrides)
     return subs
@@ -83,6 +96,42 @@ def definition(subs: dict) -> str:
     text, missing = checks.render(DEFINITION.read_text(), subs)
     assert not missing, missing
     return text
+
+
+class MotoWorld:
+    """What sluice_local.aws_rules may ask, answered from moto's backends."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def config_variants(self, config: str) -> list[dict] | None:
+        found = self.backend.endpoint_configs.get(config)
+        return None if found is None else found.production_variants
+
+    def endpoint_variants(self, endpoint: str) -> list[dict] | None:
+        ep = self.backend.endpoints.get(endpoint)
+        if ep is None:
+            return None
+        types = {
+            v["VariantName"]: v.get("InstanceType")
+            for v in self.config_variants(ep.endpoint_config_name) or []
+        }
+        return [{**v, "InstanceType": types.get(v["VariantName"])} for v in ep.production_variants]
+
+    def scaled_variants(self, endpoint: str) -> set[str]:
+        from moto.applicationautoscaling.models import applicationautoscaling_backends
+
+        targets = applicationautoscaling_backends[ACCOUNT][REGION].targets.get(
+            "sagemaker:variant:DesiredInstanceCount", {}
+        )
+        prefix = f"endpoint/{endpoint}/variant/"
+        return {rid[len(prefix) :] for rid in targets if rid.startswith(prefix)}
+
+    def queue_visibility_timeout(self, queue_arn: str) -> None:
+        return None
+
+    def function_timeout(self, function: str) -> None:
+        return None
 
 
 @dataclass
@@ -176,6 +225,11 @@ class SimulatedSageMaker:
         def update_endpoint(backend, endpoint_name, endpoint_config_name, request):
             ep = backend.endpoints[endpoint_name]
             backend.describe_endpoint_config(endpoint_config_name)  # must exist
+            # SageMaker's documented rules that depend on the live fleet (canary size, scaled
+            # variants): refused as the local SageMaker refuses them
+            found = aws_rules.problems("sagemaker", "UpdateEndpoint", request, MotoWorld(backend))
+            if found:
+                raise ValidationError(message=message(found))
             sim.updates.append(request)
             ep.endpoint_status, ep._target = "Updating", endpoint_config_name
             sim._seen.pop(("endpoint", endpoint_name), None)
@@ -401,8 +455,9 @@ def create_world(sns_queue: bool = True) -> dict:
     return world
 
 
-def install_champion() -> None:
-    """A champion serving on the endpoint, as a previous promotion leaves it."""
+def install_champion(instances: int = 2, instance_type: str = "ml.g4dn.xlarge") -> None:
+    """A champion serving on the endpoint, as a previous promotion leaves it (two instances: a
+    canary of 10% is one of them)."""
     sm = boto3.client("sagemaker", region_name=REGION)
     sm.create_model(
         ModelName=CHAMPION,
@@ -412,8 +467,8 @@ def install_champion() -> None:
     variant = {
         "VariantName": "AllTraffic",
         "ModelName": CHAMPION,
-        "InstanceType": "ml.g4dn.xlarge",
-        "InitialInstanceCount": 1,
+        "InstanceType": instance_type,
+        "InitialInstanceCount": instances,
     }
     sm.create_endpoint_config(EndpointConfigName=CHAMPION, ProductionVariants=[variant])
     sm.create_endpoint(EndpointName=ENDPOINT, EndpointConfigName=CHAMPION)

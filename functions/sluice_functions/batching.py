@@ -13,6 +13,8 @@ from urllib.parse import unquote_plus
 
 from aws_lambda_powertools.utilities.data_classes import S3Event
 
+from .instances import has_local_storage, is_gpu
+
 JOB_NAME_MAX = 63  # SageMaker: ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 
@@ -93,6 +95,8 @@ class Settings:
     kms_key_arn: str = ""
     instance_type: str = "ml.g5.xlarge"
     instance_count: int = 1
+    # the host image of GPU instances: its NVIDIA driver must run the image's CUDA (container.md)
+    transform_ami: str = "al2-ami-sagemaker-batch-gpu-535"
     max_payload_mb: int = 1
     max_concurrent: int = 0  # 0: ask the container (/execution-parameters)
     invocation_timeout_s: int = 3600
@@ -120,6 +124,7 @@ class Settings:
             kms_key_arn=env.get("KMS_KEY_ARN", cls.kms_key_arn),
             instance_type=env.get("TRANSFORM_INSTANCE_TYPE", cls.instance_type),
             instance_count=int(env.get("TRANSFORM_INSTANCE_COUNT", cls.instance_count)),
+            transform_ami=env.get("TRANSFORM_AMI_VERSION", cls.transform_ami),
             max_payload_mb=int(env.get("MAX_PAYLOAD_MB", cls.max_payload_mb)),
             max_concurrent=int(env.get("MAX_CONCURRENT_TRANSFORMS", cls.max_concurrent)),
             invocation_timeout_s=int(
@@ -288,11 +293,15 @@ def transform_request(
     if params:
         env["SLUICE_PARAMETERS"] = json.dumps(params, separators=(",", ":"))
     env["SLUICE_INVOCATION_TIMEOUT"] = str(max(1, settings.invocation_timeout_s - 30))
+    payload = settings.max_payload_mb
+    if settings.max_concurrent:
+        # CreateTransformJob: MaxConcurrentTransforms * MaxPayloadInMB cannot exceed 100 MB
+        payload = max(1, min(payload, 100 // settings.max_concurrent))
     req: dict = {
         "TransformJobName": name,
         "ModelName": model_name,
         "BatchStrategy": "MultiRecord",
-        "MaxPayloadInMB": settings.max_payload_mb,
+        "MaxPayloadInMB": payload,
         "ModelClientConfig": {
             "InvocationsTimeoutInSeconds": settings.invocation_timeout_s,
             "InvocationsMaxRetries": settings.invocation_retries,
@@ -322,9 +331,14 @@ def transform_request(
     }
     if settings.max_concurrent:
         req["MaxConcurrentTransforms"] = settings.max_concurrent
+    if is_gpu(settings.instance_type) and settings.transform_ami:
+        req["TransformResources"]["TransformAmiVersion"] = settings.transform_ami
     if settings.kms_key_arn:
         req["TransformOutput"]["KmsKeyId"] = settings.kms_key_arn
-        req["TransformResources"]["VolumeKmsKeyId"] = settings.kms_key_arn
+        # SageMaker refuses a volume key where the instance has local storage (it encrypts that
+        # in hardware): TransformResources.VolumeKmsKeyId in the API reference
+        if not has_local_storage(settings.instance_type):
+            req["TransformResources"]["VolumeKmsKeyId"] = settings.kms_key_arn
     if settings.join_source == "Input":
         req["DataProcessing"] = {"JoinSource": "Input"}
     if settings.capture:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from .batching import manifest
+from .instances import has_local_storage
 from .reports import parse_manifest
 
 LOCAL = "/opt/ml/processing"
@@ -124,7 +125,9 @@ def _common(s: MonitorSettings, env: dict) -> dict:
 
 def _resources(s: MonitorSettings) -> dict:
     cluster = {"InstanceCount": 1, "InstanceType": s.instance_type, "VolumeSizeInGB": 30}
-    if s.kms_key_arn:
+    # not on instance types with local storage, which SageMaker refuses a volume key for
+    # (ProcessingClusterConfig.VolumeKmsKeyId in the API reference)
+    if s.kms_key_arn and not has_local_storage(s.instance_type):
         cluster["VolumeKmsKeyId"] = s.kms_key_arn
     return {"ClusterConfig": cluster}
 

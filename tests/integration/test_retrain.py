@@ -299,3 +299,110 @@ def test_vpc_and_on_demand_deployments_get_their_own_requests(world):
     assert request["VpcConfig"] == vpc and request["EnableManagedSpotTraining"] is False
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
     assert sm().describe_model(ModelName=job)["VpcConfig"] == vpc
+
+
+# --- AWS's documented rules on the release path ---------------------------------------------------
+
+BETTER = {"gate_challenger": 30.0, "gate_baseline": 40.0, "gate_improvement": 0.25}
+
+
+def test_a_one_instance_endpoint_swaps_all_at_once_under_the_same_alarms(world):
+    """A canary must be at most half of the variant's instances (TrafficRoutingConfig): on the
+    default one-instance endpoint a 10% canary is refused, so every swap became a rollback."""
+    h.install_champion(instances=1)
+    world["sim"].metrics = BETTER
+    d = h.run(world["arn"], "one-instance", {"reason": "manual"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    assert json.loads(d["output"])["outcome"] == "promoted"
+    [update] = world["sim"].updates
+    policy = update["DeploymentConfig"]["BlueGreenUpdatePolicy"]
+    assert policy["TrafficRoutingConfiguration"] == {
+        "Type": "ALL_AT_ONCE",
+        "WaitIntervalInSeconds": int(h.substitutions()["CanaryBakeSeconds"]),
+    }
+    assert policy["TerminationWaitInSeconds"] == int(h.substitutions()["CanaryBakeSeconds"])
+    assert len(update["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]) == 2
+
+
+def test_a_canary_on_one_instance_is_refused_as_sagemaker_refuses_it(world):
+    """The rule the swap above avoids, as the local stack enforces it."""
+    from sluice_local import aws_rules
+
+    h.install_champion(instances=1)
+    request = {
+        "EndpointName": h.ENDPOINT,
+        "EndpointConfigName": CHAMPION,
+        "DeploymentConfig": {
+            "BlueGreenUpdatePolicy": {
+                "TrafficRoutingConfiguration": {
+                    "Type": "CANARY",
+                    "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": 10},
+                    "WaitIntervalInSeconds": 5,
+                }
+            }
+        },
+    }
+    from moto.sagemaker.models import sagemaker_backends
+
+    backend = sagemaker_backends[h.ACCOUNT][h.REGION]
+    found = aws_rules.problems("sagemaker", "UpdateEndpoint", request, h.MotoWorld(backend))
+    assert any("[canary-at-most-half]" in f for f in found), found
+
+
+def test_a_changed_instance_type_deregisters_auto_scaling_before_the_swap(world):
+    """SageMaker refuses an update that changes the instance type of a variant registered with
+    Application Auto Scaling: the state machine deregisters it first and registers it again
+    after the swap."""
+    h.install_champion(instance_type="ml.m5.xlarge")
+    aas = boto3.client("application-autoscaling", region_name=h.REGION)
+    target = {
+        "ServiceNamespace": "sagemaker",
+        "ResourceId": f"endpoint/{h.ENDPOINT}/variant/AllTraffic",
+        "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+    }
+    aas.register_scalable_target(**target, MinCapacity=1, MaxCapacity=4)
+    world["sim"].metrics = BETTER
+    d = h.run(world["arn"], "new-type", {"reason": "manual"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    out = json.loads(d["output"])
+    assert out["outcome"] == "promoted", out
+    assert "DeregisterScalableTarget" in h.explain(d)
+    assert len(world["sim"].updates) == 1
+    # registered again for the new fleet
+    [registered] = aas.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert registered["ResourceId"] == target["ResourceId"]
+
+
+def test_the_same_instance_type_keeps_auto_scaling_registered_through_the_swap(world):
+    h.install_champion()  # ml.g4dn.xlarge, as the template (here) deploys
+    world["sim"].metrics = BETTER
+    d = h.run(world["arn"], "same-type", {"reason": "manual"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    assert "DeregisterScalableTarget" not in h.explain(d)
+
+
+def champion_model(**container) -> None:
+    """The current model, replaced by one described otherwise than PrimaryContainer.ModelDataUrl."""
+    h.install_champion()
+    sm().delete_model(ModelName=CHAMPION)
+    sm().create_model(ModelName=CHAMPION, ExecutionRoleArn=h.ROLE, **container)
+
+
+def test_a_champion_described_with_containers_is_still_the_baseline(world):
+    """DescribeModel answers `Containers` for a model created with them; reading only
+    PrimaryContainer.ModelDataUrl was States.Runtime, past every Catch."""
+    champion_model(Containers=[{"Image": "img", "ModelDataUrl": CHAMPION_DATA}])
+    world["sim"].metrics = BETTER
+    d = h.run(world["arn"], "containers", {"reason": "manual"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    channels = {c["ChannelName"]: c for c in training_request(d["executionArn"])["InputDataConfig"]}
+    assert channels["baseline"]["DataSource"]["S3DataSource"]["S3Uri"] == CHAMPION_DATA
+
+
+def test_a_champion_without_artifacts_is_reported_not_a_runtime_error(world):
+    champion_model(PrimaryContainer={"Image": "img"})
+    d = h.run(world["arn"], "no-artifacts", {"reason": "manual"})
+    [note] = h.notifications(world)
+    assert note["outcome"] == "failed" and note["error"] == "ChampionArtifactsUnknown", note
+    assert CHAMPION in note["cause"]
+    assert "CreateTrainingJob" not in " ".join(h.calls(d["executionArn"]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -149,7 +150,10 @@ def test_the_request_matches_botocores_service_model_and_asks_for_the_right_thin
     assert req["TransformOutput"]["AssembleWith"] == "Line"
     assert req["DataProcessing"] == {"JoinSource": "Input"}
     assert req["TransformOutput"]["KmsKeyId"] == SETTINGS.kms_key_arn
-    assert req["TransformResources"]["VolumeKmsKeyId"] == SETTINGS.kms_key_arn
+    # ml.g5 has local NVMe storage: SageMaker refuses a volume key there (hardware-encrypted)
+    assert "VolumeKmsKeyId" not in req["TransformResources"]
+    # a GPU host whose NVIDIA driver is named (docs/container.md: the image's CUDA needs it)
+    assert req["TransformResources"]["TransformAmiVersion"] == "al2-ami-sagemaker-batch-gpu-535"
     assert req["ModelClientConfig"] == {
         "InvocationsTimeoutInSeconds": 3600,
         "InvocationsMaxRetries": 1,
@@ -189,3 +193,51 @@ def test_sequencers_compare_as_s3_says_after_right_padding():
     b = replace(upload(2, key="incoming/k.jsonl"), sequencer="0055AED6DCD90281E5")
     kept, older = newest_per_key([b, a, upload(3)])
     assert [u.message_id for u in kept] == ["m1", "m3"] and older == [(b, a)]
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "volume_key", "ami"),
+    [
+        ("ml.g5.xlarge", False, True),  # local NVMe, GPU
+        ("ml.g4dn.xlarge", False, True),
+        ("ml.p3.2xlarge", True, True),  # EBS only, GPU
+        ("ml.m5.xlarge", True, False),  # EBS only, CPU
+        ("ml.trn1.2xlarge", False, False),  # local NVMe, no NVIDIA GPU
+    ],
+)
+def test_the_volume_key_only_where_sagemaker_takes_one(instance_type, volume_key, ami):
+    """SageMaker API reference, TransformResources.VolumeKmsKeyId: "You can't request a
+    VolumeKmsKeyId when using an instance type with local storage." Every job was refused on the
+    default ml.g5.xlarge before."""
+    settings = dataclasses.replace(SETTINGS, instance_type=instance_type)
+    ups = [upload(0)]
+    req = transform_request(settings, "m", job_name("dev", ups), "manifests/m.json", ups)
+    validate("CreateTransformJob", req)
+    assert ("VolumeKmsKeyId" in req["TransformResources"]) == volume_key
+    assert ("TransformAmiVersion" in req["TransformResources"]) == ami
+
+
+def test_the_rule_set_refuses_a_volume_key_on_local_storage():
+    """The local stack refuses what SageMaker refuses (sluice_local.aws_rules), as the request
+    built before the fix was."""
+    ups = [upload(0)]
+    req = transform_request(SETTINGS, "m", job_name("dev", ups), "manifests/m.json", ups)
+    req["TransformResources"]["VolumeKmsKeyId"] = SETTINGS.kms_key_arn
+    found = request_problems("sagemaker", "CreateTransformJob", req)
+    assert any("[volume-key-transform]" in f for f in found), found
+
+
+@pytest.mark.parametrize(
+    ("concurrent", "payload", "sent"), [(8, 20, 12), (4, 25, 25), (0, 100, 100)]
+)
+def test_payload_times_concurrency_stays_within_100_mb(concurrent, payload, sent):
+    """CreateTransformJob: "the value of (MaxConcurrentTransforms * MaxPayloadInMB) also cannot
+    exceed 100 MB"; a configured payload above that share is lowered, not refused by AWS."""
+    settings = dataclasses.replace(SETTINGS, max_concurrent=concurrent, max_payload_mb=payload)
+    ups = [upload(0)]
+    req = transform_request(settings, "m", job_name("dev", ups), "manifests/m.json", ups)
+    validate("CreateTransformJob", req)
+    assert req["MaxPayloadInMB"] == sent
+    req["MaxPayloadInMB"] = payload
+    refused = request_problems("sagemaker", "CreateTransformJob", req)
+    assert bool(refused) == (concurrent * payload > 100), refused

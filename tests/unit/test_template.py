@@ -104,8 +104,8 @@ def test_the_definition_reads_as_written_and_each_service_has_one_retry_policy()
                 walk(branch["States"])
 
     walk(doc["States"])
-    # sagemaker-sdk (+ -read), sagemaker (optimized), ssm (+ -read), autoscaling, sns
-    assert len(policies) == 7, sorted(policies)
+    # sagemaker-sdk (+ -read, + -find), sagemaker (optimized), ssm (+ -read), autoscaling, sns
+    assert len(policies) == 8, sorted(policies)
 
 
 def test_the_state_machine_role_grants_every_call_the_definition_makes():
@@ -140,3 +140,197 @@ def test_the_state_machine_role_grants_every_call_the_definition_makes():
 
     walk(yaml.safe_load(DEFINITION.read_text())["States"])
     assert {n.lower() for n in needed} - granted == set()
+
+
+def test_every_error_a_retry_or_catch_names_can_reach_its_state():
+    """Step Functions names an aws-sdk error after the service's modelled errors, or
+    `ServiceName.ServiceNameException` for the rest: a Retry on `SageMaker.ThrottlingException`
+    (not a modelled SageMaker error) never fired on AWS."""
+    import yaml
+
+    from sluice_local.moto_fixes import SFN_ERROR_SERVICE_NAMES, aws_sdk_error_name, modelled_errors
+    from tests.retrain_harness import DEFINITION
+
+    doc = yaml.safe_load(DEFINITION.read_text())
+    unreachable: list[str] = []
+
+    def names_for(resource: str) -> set[str]:
+        if resource.startswith("arn:aws:states:::aws-sdk:"):
+            service = resource.split(":")[6]
+            prefix = SFN_ERROR_SERVICE_NAMES[service]
+            return {aws_sdk_error_name(service, c) for c in modelled_errors(service)} | {
+                f"{prefix}.{prefix}Exception"
+            }
+        if resource.startswith("arn:aws:states:::sagemaker:"):
+            return {"SageMaker.AmazonSageMakerException"}
+        if resource.startswith("arn:aws:states:::sns:"):
+            return set()
+        return set()
+
+    def walk(states: dict) -> None:
+        for name, state in states.items():
+            possible = names_for(state.get("Resource", ""))
+            for handler in state.get("Retry", []) + state.get("Catch", []):
+                for error in handler["ErrorEquals"]:
+                    if not error.startswith("States.") and error not in possible:
+                        unreachable.append(f"{name}: {error}")
+            for branch in state.get("Branches", []):
+                walk(branch["States"])
+
+    walk(doc["States"])
+    assert not unreachable, unreachable
+
+
+# --- wiring: what one resource reads, another must emit or allow ---------------------------------
+
+# Metrics AWS services publish, with the dimensions an alarm may filter on (SageMaker developer
+# guide, "Amazon SageMaker AI metrics in Amazon CloudWatch": endpoint invocation metrics).
+AWS_METRICS = {
+    "AWS/SageMaker": {
+        "Invocations": {"EndpointName", "VariantName"},
+        "Invocation4XXErrors": {"EndpointName", "VariantName"},
+        "Invocation5XXErrors": {"EndpointName", "VariantName"},
+        "ModelLatency": {"EndpointName", "VariantName"},
+        "OverheadLatency": {"EndpointName", "VariantName"},
+    }
+}
+
+
+def emitted_metrics() -> dict[str, set[str]]:
+    """Powertools metric names each function module adds (its `metrics.add_metric` calls)."""
+    import ast
+
+    out: dict[str, set[str]] = {}
+    for path in (REPO / "functions" / "sluice_functions").glob("*.py"):
+        names = out.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_metric"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                names.add(node.args[0].value)
+    return out
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", [n for n, r in R.items() if r["Type"] == "AWS::CloudWatch::Alarm"])
+def test_every_alarm_reads_a_metric_something_emits_with_those_dimensions(name):
+    """Powertools adds one dimension, `service` = the function's POWERTOOLS_SERVICE_NAME: an
+    alarm filtering on any other value (DriftAlarm's `retrain-trigger`) never fires."""
+    p = R[name]["Properties"]
+    dims = {d["Name"]: d["Value"] for d in p.get("Dimensions", [])}
+    if p["Namespace"] in AWS_METRICS:
+        assert set(dims) == AWS_METRICS[p["Namespace"]][p["MetricName"]]
+        return
+    assert (
+        p["Namespace"]
+        == T["Globals"]["Function"]["Environment"]["Variables"]["POWERTOOLS_METRICS_NAMESPACE"]
+    )
+    emitters = emitted_metrics()
+    services = set()
+    for fn in R.values():
+        if fn["Type"] != "AWS::Serverless::Function":
+            continue
+        module = fn["Properties"]["Handler"].split(".")[1]
+        if p["MetricName"] in emitters.get(module, set()):
+            services.add(fn["Properties"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"])
+    assert services, f"no function emits {p['MetricName']}"
+    assert set(dims) == {"service"} and dims["service"] in services, (dims, services)
+
+
+def test_eventbridge_may_use_the_key_of_the_topic_it_publishes_to():
+    """An EventBridge rule targets the encrypted topic: the SNS developer guide's key-policy
+    statement for EventBridge carries no aws:SourceAccount/aws:SourceArn condition (EventBridge
+    publishing to an encrypted topic does not support them), so a statement with one drops every
+    notification RetrainFailedRule sends."""
+    topics = {
+        n: r
+        for n, r in R.items()
+        if r["Type"] == "AWS::SNS::Topic" and "KmsMasterKeyId" in r["Properties"]
+    }
+    targeted = [
+        t["Arn"]["Ref"]
+        for r in R.values()
+        if r["Type"] == "AWS::Events::Rule"
+        for t in r["Properties"].get("Targets", [])
+        if isinstance(t["Arn"], dict) and t["Arn"].get("Ref") in topics
+    ]
+    assert targeted
+    statements = R["DataKey"]["Properties"]["KeyPolicy"]["Statement"]
+    usable = [
+        s
+        for s in statements
+        if s["Principal"].get("Service") == "events.amazonaws.com"
+        and not any(
+            key.startswith("aws:Source")
+            for cond in (s.get("Condition") or {}).values()
+            for key in cond
+        )
+        and {"kms:Decrypt"} <= set(s["Action"])
+        and any(a.startswith("kms:GenerateDataKey") for a in s["Action"])
+    ]
+    assert usable, "no condition-free key statement for EventBridge publishing to the topic"
+
+
+def test_the_template_and_the_functions_share_one_instance_family_table():
+    """The template's conditions list the families of functions/sluice_functions/instances.py
+    that each parameter may name (SageMaker's instance-type enums)."""
+    from botocore.session import get_session
+
+    from sluice_functions.instances import GPU_FAMILIES, LOCAL_STORAGE_FAMILIES, family
+
+    model = get_session().get_service_model("sagemaker")
+
+    def families_of(shape: str) -> set[str]:
+        return {family(t) for t in model.shape_for(shape).enum}
+
+    def listed(condition) -> set[str]:
+        if isinstance(condition, dict) and "Fn::Or" in condition:
+            return set().union(*(listed(c) for c in condition["Fn::Or"]))
+        return {condition["Fn::Equals"][1]}
+
+    c = T["Conditions"]
+    assert listed(c["TrainingLocalStorage"]) == LOCAL_STORAGE_FAMILIES & families_of(
+        "TrainingInstanceType"
+    )
+    variants = families_of("ProductionVariantInstanceType")
+    assert listed(c["EndpointLocalStorage"]) == LOCAL_STORAGE_FAMILIES & variants
+    assert listed(c["EndpointGpu"]) == GPU_FAMILIES & variants
+
+
+def test_sam_deploys_with_the_capabilities_samconfig_grants():
+    """A named IAM role needs CAPABILITY_NAMED_IAM (and is account-wide: a second region's stack
+    collides); samconfig.toml grants CAPABILITY_IAM."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "samconfig.toml").read_text())
+    capabilities = config["default"]["deploy"]["parameters"]["capabilities"].split()
+    named = [
+        n
+        for n, r in R.items()
+        if r["Type"] in ("AWS::IAM::Role", "AWS::IAM::ManagedPolicy", "AWS::IAM::User")
+        and ({"RoleName", "ManagedPolicyName", "UserName"} & set(r["Properties"]))
+    ]
+    assert not named or "CAPABILITY_NAMED_IAM" in capabilities, named
+
+
+def test_the_state_machine_may_replace_target_tracking_alarms():
+    """Application Auto Scaling deletes and recreates a target-tracking policy's alarms with the
+    caller's permissions when PutScalingPolicy runs again (the second release)."""
+    statements = R["RetrainRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+    actions = {
+        a
+        for s in statements
+        if isinstance(s, dict)
+        for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+    }
+    assert {
+        "cloudwatch:PutMetricAlarm",
+        "cloudwatch:DescribeAlarms",
+        "cloudwatch:DeleteAlarms",
+    } <= actions
