@@ -3,6 +3,8 @@
 #   make test         the whole test suite (unit, integration, e2e)
 #   make lint         the static checks CI runs (ruff, cfn-lint, sam validate, ASL, checkov)
 #   make image-check  build the image's environment from the Dockerfile's own steps, then run it
+#   make gpu-deps     resolve the image's GPU dependencies from the registry, check its CUDA
+#                     against SageMaker's GPU drivers
 #   make bench        the benchmarks in benchmarks/
 
 PYTHON ?= python3
@@ -17,7 +19,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 export SAM_CLI_TELEMETRY := 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup sdk demo test test-fast lint image-check format bench clean
+.PHONY: setup sdk demo test test-fast lint image-check gpu-deps format bench clean
 
 setup: $(VENV)/.installed
 
@@ -70,6 +72,11 @@ lint: setup $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
 # lines in a fresh virtualenv (CPU torch instead of CUDA), then smoke-run; plus hadolint.
 image-check: setup
 	$(PY) scripts/image_check.py
+
+# The image's CUDA environment (requirements/gpu.lock) resolved again from the package registry
+# for its platform, and its CUDA checked against the drivers of SageMaker's GPU hosts.
+gpu-deps: setup
+	$(PY) scripts/gpu_deps_check.py
 
 format: setup
 	$(VENV)/bin/ruff format .

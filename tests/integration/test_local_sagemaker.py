@@ -71,6 +71,59 @@ def test_requests_are_validated_as_sagemaker_does(sm):
         sm.call("CreateModel", {**MODEL, "ModelName": "no spaces allowed"})
 
 
+def test_documented_rules_that_depend_on_what_exists(sm):
+    """The local SageMaker answers aws_rules with its own resources: a canary on a one-instance
+    endpoint, and a new instance type for a variant registered with Application Auto Scaling."""
+    from moto import mock_aws
+
+    sm.call("CreateModel", MODEL)
+    for name, instance_type in (("c1", "ml.g5.xlarge"), ("c2", "ml.g6.xlarge")):
+        variant = {
+            "VariantName": "AllTraffic",
+            "ModelName": "m1",
+            "InstanceType": instance_type,
+            "InitialInstanceCount": 1,
+        }
+        sm.call(
+            "CreateEndpointConfig", {"EndpointConfigName": name, "ProductionVariants": [variant]}
+        )
+    sm.call("CreateEndpoint", {"EndpointName": "e", "EndpointConfigName": "c1"})
+    sm.update(
+        "Endpoint",
+        "e",
+        EndpointStatus="InService",
+        ProductionVariants=[{"VariantName": "AllTraffic", "CurrentInstanceCount": 1}],
+    )
+    canary = {
+        "EndpointName": "e",
+        "EndpointConfigName": "c1",
+        "DeploymentConfig": {
+            "BlueGreenUpdatePolicy": {
+                "TrafficRoutingConfiguration": {
+                    "Type": "CANARY",
+                    "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": 10},
+                    "WaitIntervalInSeconds": 5,
+                }
+            }
+        },
+    }
+    with pytest.raises(ApiError, match=r"canary-at-most-half") as e:
+        sm.call("UpdateEndpoint", canary)
+    assert e.value.code == "ValidationException"
+    with mock_aws():
+        import boto3
+
+        boto3.client("application-autoscaling", region_name="us-east-1").register_scalable_target(
+            ServiceNamespace="sagemaker",
+            ResourceId="endpoint/e/variant/AllTraffic",
+            ScalableDimension="sagemaker:variant:DesiredInstanceCount",
+            MinCapacity=1,
+            MaxCapacity=2,
+        )
+        with pytest.raises(ApiError, match=r"scaled-variant-instance-type"):
+            sm.call("UpdateEndpoint", {"EndpointName": "e", "EndpointConfigName": "c2"})
+
+
 def test_sagemakers_errors_for_missing_and_duplicate_resources(sm):
     with pytest.raises(ApiError, match="Could not find training job") as e:
         sm.call("DescribeTrainingJob", {"TrainingJobName": "nope"})

@@ -36,7 +36,8 @@ MODES = {"once": 1, "persistent": 10_000}
 
 # Which run reaches each Task state: champion serving and challenger better (update), no champion
 # (first), challenger worse (reject), a deployment SageMaker rolls back (rollback), a training
-# job that never ends (slow); states that only run after another failed get that failure too.
+# job that never ends (slow), a one-instance endpoint (one-instance), a changed instance type
+# under auto scaling (new-type); states that only run after another failed get that failure too.
 REACHED_BY = {
     "CreateEndpoint": ("first", {}),
     "RegisterRejected": ("reject", {}),
@@ -49,6 +50,9 @@ REACHED_BY = {
     "StopTuning": ("slow-tuning", {}),
     "ReadBatchPointer": ("update", {"PointBatchAtModel": "validation"}),
     "ReadApproval": ("update", {"Approve": "validation"}),
+    # an endpoint of one instance swaps all at once; a changed instance type deregisters first
+    "UpdateEndpointAllAtOnce": ("one-instance", {}),
+    "DeregisterScalableTarget": ("new-type", {}),
 }
 
 # (registry status of the challenger, what the endpoint serves, what batch names, report outcome)
@@ -212,7 +216,18 @@ def run_once(monkeypatch, aws, state: str, kind: str, mode: str) -> tuple[tuple,
             "slow-tuning": {"TuningStrategy": "Random", "TuningTimeoutSeconds": 1},
         }.get(scenario, {})
         arn = h.create_state_machine(world, **overrides)
-        if scenario != "first":
+        if scenario == "one-instance":
+            h.install_champion(instances=1)
+        elif scenario == "new-type":
+            h.install_champion(instance_type="ml.m5.xlarge")
+            boto3.client("application-autoscaling", region_name=h.REGION).register_scalable_target(
+                ServiceNamespace="sagemaker",
+                ResourceId=f"endpoint/{h.ENDPOINT}/variant/AllTraffic",
+                ScalableDimension="sagemaker:variant:DesiredInstanceCount",
+                MinCapacity=1,
+                MaxCapacity=4,
+            )
+        elif scenario != "first":
             h.install_champion()
         sim.metrics = {"gate_challenger": 30.0, "gate_baseline": 40.0, "gate_improvement": 0.25}
         if scenario == "first":

@@ -334,3 +334,11 @@ def test_the_state_machine_may_replace_target_tracking_alarms():
         "cloudwatch:DescribeAlarms",
         "cloudwatch:DeleteAlarms",
     } <= actions
+
+
+def test_docs_carry_the_rule_set_table():
+    from sluice_local.aws_rules import table
+
+    text = (REPO / "docs/local.md").read_text()
+    begin, end = text.index("<!-- rules:begin -->\n"), text.index("<!-- rules:end -->")
+    assert text[begin + len("<!-- rules:begin -->\n") : end].strip() == table()
