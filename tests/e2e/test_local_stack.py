@@ -198,12 +198,16 @@ def test_drift_retrains_and_swaps_the_model_that_batch_then_uses(local, champion
         users.read(f"monitoring/{check['job']}/output/constraint_violations.json")
     )
     assert {v["feature_name"] for v in violations["violations"]} >= {"byte_fallback_rate"}
-    # blue/green: UpdateEndpoint (canary), and the endpoint serves the new config
+    # blue/green: UpdateEndpoint, and the endpoint serves the new config. One instance (the
+    # default): all at once, baking under the rollback alarms (SageMaker refuses a canary larger
+    # than half the variant's instances; the canary path is tests/integration/test_retrain.py's)
     endpoint = local.client("sagemaker").describe_endpoint(EndpointName=users.endpoint)
     assert endpoint["EndpointConfigName"] == new
     policy = endpoint["LastDeploymentConfig"]["BlueGreenUpdatePolicy"]
-    assert policy["TrafficRoutingConfiguration"]["Type"] == "CANARY"
-    assert "Updating to" in local.events() and "canary:" in local.events()
+    assert policy["TrafficRoutingConfiguration"]["Type"] == "ALL_AT_ONCE"
+    assert policy["TrafficRoutingConfiguration"]["WaitIntervalInSeconds"] > 0
+    assert len(endpoint["LastDeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]) == 2
+    assert f"Updating to {new} (ALL_AT_ONCE)" in local.events()
     # batch uses the new model (start_transform caches the SSM parameter up to 60 s, as on Lambda)
     time.sleep(max(0.0, 61 - (time.monotonic() - uploaded)))
     users.put("incoming/team-b/after.jsonl", kitchen[:3])

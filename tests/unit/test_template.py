@@ -342,3 +342,16 @@ def test_docs_carry_the_rule_set_table():
     text = (REPO / "docs/local.md").read_text()
     begin, end = text.index("<!-- rules:begin -->\n"), text.index("<!-- rules:end -->")
     assert text[begin + len("<!-- rules:begin -->\n") : end].strip() == table()
+
+
+def test_a_deployment_cannot_be_given_an_empty_image():
+    """SageMaker refuses an empty image (ContainerImage: [\\S]+); ImageUri defaulted to ""."""
+    from sluice_local.template import TemplateError, load_template, parameter_values
+
+    template = load_template(REPO / "template.yaml")
+    assert "Default" not in template["Parameters"]["ImageUri"]
+    with pytest.raises(TemplateError, match="ImageUri has no default"):
+        parameter_values(template, {})
+    with pytest.raises(TemplateError, match="does not match"):
+        parameter_values(template, {"ImageUri": ""})
+    assert parameter_values(template, {"ImageUri": "1.dkr.ecr.us-east-1.amazonaws.com/sluice:1"})
