@@ -119,13 +119,7 @@ class MotoWorld:
         return [{**v, "InstanceType": types.get(v["VariantName"])} for v in ep.production_variants]
 
     def scaled_variants(self, endpoint: str) -> set[str]:
-        from moto.applicationautoscaling.models import applicationautoscaling_backends
-
-        targets = applicationautoscaling_backends[ACCOUNT][REGION].targets.get(
-            "sagemaker:variant:DesiredInstanceCount", {}
-        )
-        prefix = f"endpoint/{endpoint}/variant/"
-        return {rid[len(prefix) :] for rid in targets if rid.startswith(prefix)}
+        return aws_rules.moto_scaled_variants(endpoint)
 
     def queue_visibility_timeout(self, queue_arn: str) -> None:
         return None

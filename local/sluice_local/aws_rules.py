@@ -50,6 +50,19 @@ class World(Protocol):
 Check = Callable[[dict, "World | None"], "str | None"]
 
 
+def moto_scaled_variants(endpoint: str) -> set[str]:
+    """`World.scaled_variants` from moto's Application Auto Scaling (this process's)."""
+    from moto.applicationautoscaling.models import applicationautoscaling_backends
+
+    from . import ACCOUNT, REGION
+
+    targets = applicationautoscaling_backends[ACCOUNT][REGION].targets.get(
+        "sagemaker:variant:DesiredInstanceCount", {}
+    )
+    prefix = f"endpoint/{endpoint}/variant/"
+    return {rid[len(prefix) :] for rid in targets if rid.startswith(prefix)}
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str

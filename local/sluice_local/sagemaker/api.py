@@ -218,13 +218,7 @@ class LocalSageMaker:
 
     def scaled_variants(self, endpoint: str) -> set[str] | None:
         """Variants registered with Application Auto Scaling (moto's backend, this process)."""
-        from moto.applicationautoscaling.models import applicationautoscaling_backends
-
-        targets = applicationautoscaling_backends[ACCOUNT][REGION].targets.get(
-            "sagemaker:variant:DesiredInstanceCount", {}
-        )
-        prefix = f"endpoint/{endpoint}/variant/"
-        return {rid[len(prefix) :] for rid in targets if rid.startswith(prefix)}
+        return aws_rules.moto_scaled_variants(endpoint)
 
     def queue_visibility_timeout(self, queue_arn: str) -> int | None:
         return None
