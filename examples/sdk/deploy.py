@@ -29,9 +29,12 @@ def deploy(job_name: str, name: str, out: dict[str, str]) -> Endpoint:
                 model_name=name,
                 instance_type="ml.g5.xlarge",
                 initial_instance_count=1,
+                # driver 580: the image's CUDA 13.0 natively (docs/container.md)
+                inference_ami_version="al2023-ami-sagemaker-inference-gpu-4-1",
             )
         ],
-        kms_key_id=out["DataKeyArn"],
+        # no kms_key_id: ml.g5 has local NVMe storage, which SageMaker encrypts in hardware and
+        # refuses a volume key for (CreateEndpointConfig's KmsKeyId)
         session=boto,
     )
     endpoint = Endpoint.create(endpoint_name=name, endpoint_config_name=name, session=boto)

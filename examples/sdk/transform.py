@@ -50,7 +50,12 @@ def main(job_name: str, data: str) -> dict[str, list[tuple[str, str]]]:
             assemble_with="Line",
             kms_key_id=out["DataKeyArn"],
         ),
-        transform_resources=TransformResources(instance_type="ml.g5.xlarge", instance_count=1),
+        # a GPU host with driver 535: the image runs its CUDA 13.0 through forward compatibility
+        transform_resources=TransformResources(
+            instance_type="ml.g5.xlarge",
+            instance_count=1,
+            transform_ami_version="al2-ami-sagemaker-batch-gpu-535",
+        ),
         batch_strategy="MultiRecord",
         max_payload_in_mb=1,
         session=boto,
