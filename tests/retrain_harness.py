@@ -98,7 +98,7 @@ def definition(subs: dict) -> str:
     return text
 
 
-class MotoWorld:
+class MotoWorld(aws_rules.Unknown):
     """What sluice_local.aws_rules may ask, answered from moto's backends."""
 
     def __init__(self, backend):
@@ -120,12 +120,6 @@ class MotoWorld:
 
     def scaled_variants(self, endpoint: str) -> set[str]:
         return aws_rules.moto_scaled_variants(endpoint)
-
-    def queue_visibility_timeout(self, queue_arn: str) -> None:
-        return None
-
-    def function_timeout(self, function: str) -> None:
-        return None
 
 
 @dataclass

@@ -47,6 +47,25 @@ class World(Protocol):
     def function_timeout(self, function: str) -> int | None: ...
 
 
+class Unknown:
+    """A World that knows nothing: a place that knows some of it overrides those answers."""
+
+    def endpoint_variants(self, endpoint: str) -> list[dict] | None:
+        return None
+
+    def config_variants(self, config: str) -> list[dict] | None:
+        return None
+
+    def scaled_variants(self, endpoint: str) -> set[str] | None:
+        return None
+
+    def queue_visibility_timeout(self, queue_arn: str) -> int | None:
+        return None
+
+    def function_timeout(self, function: str) -> int | None:
+        return None
+
+
 Check = Callable[[dict, "World | None"], "str | None"]
 
 

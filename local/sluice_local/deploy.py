@@ -21,7 +21,7 @@ from pathlib import Path
 
 from botocore.exceptions import ClientError, ParamValidationError
 
-from . import ACCOUNT, REGION
+from . import ACCOUNT, REGION, aws_rules
 from .template import Resolver, TemplateError, Transformed, Unresolved, render_definition
 
 
@@ -575,7 +575,6 @@ class Deployer:
     def _check_mapping(self, rid: str, p: dict) -> None:
         """CreateEventSourceMapping as Lambda checks it: its service model and its documented
         rules (sluice_local.aws_rules), with the queue and function this deployment made."""
-        from . import aws_rules
         from .validation import input_shape, message, shape_problems
 
         request = {
@@ -607,7 +606,7 @@ class Deployer:
             )
 
 
-class _DeployedWorld:
+class _DeployedWorld(aws_rules.Unknown):
     """What Lambda knows when it creates an event source mapping: the queue and the function."""
 
     def __init__(self, deployer: Deployer):
@@ -619,15 +618,6 @@ class _DeployedWorld:
     def function_timeout(self, function: str) -> int | None:
         spec = self.d.out.functions.get(function.split(":")[-1])
         return None if spec is None else spec.timeout_s
-
-    def endpoint_variants(self, endpoint: str) -> None:
-        return None
-
-    def config_variants(self, config: str) -> None:
-        return None
-
-    def scaled_variants(self, endpoint: str) -> None:
-        return None
 
 
 QUEUE_ATTRIBUTES = {

@@ -9,7 +9,7 @@ from sluice_local import aws_rules
 KEY = "arn:aws:kms:us-east-1:123456789012:key/k"
 
 
-class World:
+class World(aws_rules.Unknown):
     """What exists, as the local SageMaker and the deployer answer it."""
 
     def __init__(self, variants=None, config=None, scaled=(), visibility=None, timeout=None):

@@ -220,11 +220,7 @@ class LocalSageMaker:
         """Variants registered with Application Auto Scaling (moto's backend, this process)."""
         return aws_rules.moto_scaled_variants(endpoint)
 
-    def queue_visibility_timeout(self, queue_arn: str) -> int | None:
-        return None
-
-    def function_timeout(self, function: str) -> int | None:
-        return None
+    # (the Lambda-side questions of aws_rules.World are never asked about SageMaker requests)
 
     # --- generic operations ---------------------------------------------------------------------
 
