@@ -127,6 +127,17 @@ LOCAL_STORAGE_NOTE = (
 )
 
 
+def _refused_volume_key(configs) -> str | None:
+    """The refusal for the first resource config that asks for a volume key on an instance type
+    with local storage."""
+    for config in configs:
+        if config.get("VolumeKmsKeyId"):
+            found = _local_storage("VolumeKmsKeyId", config.get("InstanceType"))
+            if found:
+                return found
+    return None
+
+
 def _local_storage(field: str, instance_type: str | None) -> str | None:
     if instance_type and has_local_storage(instance_type):
         return (
@@ -144,10 +155,7 @@ def _local_storage(field: str, instance_type: str | None) -> str | None:
     f"{SAGEMAKER_API}/API_TransformResources.html (VolumeKmsKeyId)",
 )
 def _transform_volume_key(p: dict, world) -> str | None:
-    res = p.get("TransformResources") or {}
-    if res.get("VolumeKmsKeyId"):
-        return _local_storage("VolumeKmsKeyId", res.get("InstanceType"))
-    return None
+    return _refused_volume_key([p.get("TransformResources") or {}])
 
 
 def _clusters(p: dict) -> Iterator[dict]:
@@ -163,12 +171,7 @@ def _clusters(p: dict) -> Iterator[dict]:
     f"{SAGEMAKER_API}/API_ProcessingClusterConfig.html (VolumeKmsKeyId)",
 )
 def _processing_volume_key(p: dict, world) -> str | None:
-    for cluster in _clusters(p):
-        if cluster.get("VolumeKmsKeyId"):
-            found = _local_storage("VolumeKmsKeyId", cluster.get("InstanceType"))
-            if found:
-                return found
-    return None
+    return _refused_volume_key(_clusters(p))
 
 
 def _training_definitions(p: dict) -> Iterator[dict]:
@@ -186,13 +189,7 @@ def _training_definitions(p: dict) -> Iterator[dict]:
     f"{SAGEMAKER_API}/API_ResourceConfig.html (VolumeKmsKeyId)",
 )
 def _training_volume_key(p: dict, world) -> str | None:
-    for d in _training_definitions(p):
-        res = d.get("ResourceConfig") or {}
-        if res.get("VolumeKmsKeyId"):
-            found = _local_storage("VolumeKmsKeyId", res.get("InstanceType"))
-            if found:
-                return found
-    return None
+    return _refused_volume_key(d.get("ResourceConfig") or {} for d in _training_definitions(p))
 
 
 @rule(

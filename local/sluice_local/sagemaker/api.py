@@ -190,7 +190,8 @@ class LocalSageMaker:
     def call(self, op: str, params: dict) -> dict:
         """One API call: validated request in, rendered answer out (ApiError on refusal)."""
         params = validate(op, params)
-        # the documented rules that depend on what exists (an endpoint's fleet, its scaling)
+        # the rules AWS documents in prose, those that depend on what exists (an endpoint's
+        # fleet, its scaling) answered from this SageMaker's resources
         found = aws_rules.problems("sagemaker", op, params, world=self)
         if found:
             raise ApiError("ValidationException", message(found))

@@ -2,9 +2,9 @@
 
 Every request is validated as SageMaker validates it (types and required members as botocore
 checks them, then the service-side rules of sluice_local.validation: patterns, lengths, ranges,
-enums, and the rules AWS documents in prose, sluice_local.aws_rules); every answer is rendered
-through the operation's output shape, so a client sees exactly the members SageMaker would send,
-timestamps as epoch seconds.
+enums; LocalSageMaker.call adds the rules AWS documents in prose, sluice_local.aws_rules); every
+answer is rendered through the operation's output shape, so a client sees exactly the members
+SageMaker would send, timestamps as epoch seconds.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from functools import cache
 
 from botocore.validate import ParamValidator
 
-from ..validation import message, problems
+from ..validation import message, shape_problems
 
 
 class ApiError(Exception):
@@ -63,7 +63,7 @@ def validate(op_name: str, params: dict) -> dict:
     report = ParamValidator().validate(params, shape)
     if report.has_errors():
         raise ApiError("ValidationException", report.generate_report())
-    found = problems("sagemaker", op_name, params)
+    found = shape_problems(params, shape)
     if found:
         raise ApiError("ValidationException", message(found))
     return params
