@@ -1,6 +1,7 @@
 # One way to install, one way to test. Every target sets up what it needs first.
 #   make demo         run Sluice's main job locally on embedded defaults (sluice-local demo)
-#   make test         the whole test suite (unit, integration, e2e)
+#   make test         the whole test suite (unit, integration, e2e), on two workers
+#   make test-fast    the tests not marked slow (the edit loop, under 3 minutes)
 #   make lint         the static checks CI runs (ruff, cfn-lint, sam validate, ASL, checkov)
 #   make image-check  build the image's environment from the Dockerfile's own steps, then run it
 #   make gpu-deps     resolve the image's GPU dependencies from the registry, check its CUDA
@@ -19,7 +20,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 export SAM_CLI_TELEMETRY := 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup sdk demo test test-fast lint image-check gpu-deps format bench clean
+.PHONY: setup sdk lint-tools demo test test-fast test-inventory lint image-check gpu-deps format bench clean
 
 setup: $(VENV)/.installed
 
@@ -54,16 +55,28 @@ $(SDK_VENV)/.installed: requirements/sdk.lock
 
 sdk: $(SDK_VENV)/.installed
 
+lint-tools: $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
+
 demo: setup
 	$(VENV)/bin/sluice-local demo
 
+# Two pytest-xdist workers: most of the suite's time is single-threaded (process start-up,
+# imports, moto), so two of them keep both cores busy. A module's tests stay on one worker and
+# share its fixtures (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
+
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 test: setup $(SDK_VENV)/.installed
-	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(PY) -m pytest $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing on purpose" >&2; fi; exit $$rc
 
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+
+# every test listed in tests/inventory.txt is still collected (the suite never shrinks unseen)
+test-inventory: setup
+	$(PY) scripts/test_inventory.py
 
 lint: setup $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
 	$(PY) scripts/static_checks.py --sam $(SAM_VENV)/bin/sam --checkov $(CHECKOV_VENV)/bin/checkov

@@ -41,6 +41,18 @@ def trained(tmp_path_factory, corpus_dir) -> dict:
     return {"out": out, "model": out / "model", "stdout": proc.stdout}
 
 
+@pytest.fixture(scope="session")
+def plain_server(trained):
+    """`sluice serve` on the shared model with its defaults (an endpoint, not a batch job), for
+    tests that only send it requests; tests that stop or misconfigure a server start their own.
+    Its users name the xdist_group "plain-server" so that one worker starts it once."""
+    from tests.helpers import Server
+
+    s = Server(trained["model"])
+    yield s
+    s.stop()
+
+
 @pytest.fixture
 def strict_aws():
     """Every AWS request sent in the test (by the code under test or the test itself) is checked
@@ -55,9 +67,38 @@ def strict_aws():
     )
 
 
-def pytest_terminal_summary(terminalreporter):
-    """The figures tests measured (e.g. the retraining fault-injection count), after the results."""
+# Figures tests measured (tests.helpers.FIGURES), carried in their reports' user_properties so
+# that they reach the terminal summary from pytest-xdist's workers too.
+_REPORTED: list[str] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
     from tests.helpers import FIGURES
 
-    for figure in FIGURES:
+    # a module fixture's teardown adds its figure during the last test's teardown phase
+    item.user_properties += [("figure", f) for f in FIGURES]
+    FIGURES.clear()
+    return (yield)
+
+
+def pytest_runtest_logreport(report):
+    for name, value in report.user_properties:
+        if name == "figure" and value not in _REPORTED:
+            _REPORTED.append(value)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (make test: --dist loadgroup) a module's tests run on one worker, so a
+    module fixture (a server, a stack) starts once; modules that share a session fixture name
+    the same `xdist_group` to share one worker and that fixture."""
+    for item in items:
+        if not any(True for _ in item.iter_markers("xdist_group")):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The figures tests measured (e.g. the retraining fault-injection count), after the results."""
+    for figure in _REPORTED:
         terminalreporter.write_line(figure)

@@ -136,6 +136,7 @@ def free_port() -> int:
 class Server:
     def __init__(self, model_dir, **env):
         self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [
                 sys.executable,

@@ -99,7 +99,14 @@ def _transform_parser(sub) -> None:
         "an s3:// prefix (AWS_ENDPOINT_URL or --endpoint-url for moto/LocalStack) or a manifest; "
         "outputs <key>.out under --output. The local SageMaker runs its transform jobs with it.",
     )
-    tr.add_argument("--model", required=True, help="model folder (save_pretrained layout)")
+    serving = tr.add_mutually_exclusive_group(required=True)
+    serving.add_argument("--model", help="model folder (save_pretrained layout)")
+    serving.add_argument(
+        "--container-url",
+        help="a container that already serves (e.g. a `sluice serve` started with "
+        "SAGEMAKER_BATCH=true) instead of one started for the job: try settings without a start "
+        "each time; --env does not apply",
+    )
     tr.add_argument("--input", required=True, help="folder, file, s3://bucket/prefix or manifest")
     tr.add_argument("--output", required=True, help="folder or s3://bucket/prefix for .out files")
     tr.add_argument("--manifest", action="store_true", help="--input is a manifest file")
@@ -170,13 +177,14 @@ def cmd_transform(args) -> int:
         max_retries=args.max_retries,
     )
     summary = run_transform(
-        Path(args.model),
+        Path(args.model) if args.model else None,
         args.input,
         args.output,
         cfg,
         manifest=args.manifest,
         endpoint_url=args.endpoint_url,
         progress=show_progress(args),
+        container_url=args.container_url,
     )
     print(json.dumps(summary, indent=2))
     if args.summary:

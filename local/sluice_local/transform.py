@@ -226,40 +226,17 @@ def join_input(inputs: list[bytes], outputs: list[bytes], content_type: str) -> 
     return joined
 
 
-class ServeProcess:
-    """The real `sluice serve` in a subprocess on a free port, as SageMaker starts the image."""
+class Container:
+    """A serving container at `url` that SageMaker's contract reaches: /ping,
+    /execution-parameters, /invocations."""
 
-    def __init__(
-        self,
-        model_dir: Path,
-        env: dict[str, str],
-        log_path: Path | None = None,
-        base_env: dict[str, str] | None = None,
-    ):
-        """`env` over `base_env` (default: this process's environment); output to `log_path`."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        base = os.environ if base_env is None else base_env
-        full_env = {**base, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env}
-        log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
-        # killed with whoever started it (the stack, or a transform driver), even by kill -9
-        cmd = [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir)]
-        self.proc = processes.popen(
-            [*cmd, "--host", "127.0.0.1"],
-            env=full_env,
-            stdout=log,
-            stderr=subprocess.STDOUT if log else None,
-        )
-        if log:
-            log.close()
+    def __init__(self, url: str):
+        self.url = url.rstrip("/")
 
     def wait_ready(self, timeout: float = 240) -> None:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise SluiceError(f"the serve process exited with {self.proc.returncode}")
+            self._check_alive()
             try:
                 with urllib.request.urlopen(self.url + "/ping", timeout=2) as r:
                     if r.status == 200:
@@ -267,7 +244,13 @@ class ServeProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.2)
-        raise SluiceError(f"the serve process did not pass /ping within {timeout:.0f} s")
+        raise SluiceError(f"the container at {self.url} did not pass /ping within {timeout:.0f} s")
+
+    def _check_alive(self) -> None:
+        """Raise if the container is known to have stopped (here: nothing is known)."""
+
+    def stop(self) -> None:
+        """Nothing to stop: the container is someone else's."""
 
     def execution_parameters(self) -> dict:
         try:
@@ -298,6 +281,40 @@ class ServeProcess:
             log.warning("invocation attempt %d failed: %s", attempt + 1, last)
         raise SluiceError(f"invocation failed: {last}")
 
+
+class ServeProcess(Container):
+    """The real `sluice serve` in a subprocess on a free port, as SageMaker starts the image."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        env: dict[str, str],
+        log_path: Path | None = None,
+        base_env: dict[str, str] | None = None,
+    ):
+        """`env` over `base_env` (default: this process's environment); output to `log_path`."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        super().__init__(f"http://127.0.0.1:{self.port}")
+        base = os.environ if base_env is None else base_env
+        full_env = {**base, "SAGEMAKER_BIND_TO_PORT": str(self.port), **env}
+        log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (the child owns it)
+        # killed with whoever started it (the stack, or a transform driver), even by kill -9
+        cmd = [sys.executable, "-m", "sluice.cli", "serve", "--model-dir", str(model_dir)]
+        self.proc = processes.popen(
+            [*cmd, "--host", "127.0.0.1"],
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+        )
+        if log:
+            log.close()
+
+    def _check_alive(self) -> None:
+        if self.proc.poll() is not None:
+            raise SluiceError(f"the serve process exited with {self.proc.returncode}")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -309,20 +326,29 @@ class ServeProcess:
 
 
 def run_transform(
-    model_dir: Path,
+    model_dir: Path | None,
     input_uri: str,
     output_uri: str,
     cfg: TransformConfig,
     manifest: bool = False,
     endpoint_url: str | None = None,
     progress: bool = False,
+    container_url: str | None = None,
 ) -> dict:
-    """Run the job; returns a summary like a DescribeTransformJob plus per-file counts."""
+    """Run the job; returns a summary like a DescribeTransformJob plus per-file counts.
+
+    The job starts its own `sluice serve` on `model_dir` with `cfg.env`, as SageMaker starts the
+    image for each job, or, given `container_url`, uses a container that already serves (its
+    model and environment are the ones it was started with)."""
+    if (model_dir is None) == (container_url is None):
+        raise SluiceError("give either a model folder or the URL of a serving container")
+    if container_url and cfg.env:
+        raise SluiceError("a running container keeps the environment it was started with")
     storage = Storage(endpoint_url)
     inputs = resolve_inputs(storage, input_uri, manifest)
     t0 = time.monotonic()
     env = {"SAGEMAKER_BATCH": "true", **cfg.env}
-    server = ServeProcess(model_dir, env)
+    server = Container(container_url) if container_url else ServeProcess(model_dir, env)
     try:
         server.wait_ready()
         asked = server.execution_parameters()

@@ -19,11 +19,13 @@ LONG_BATCH = [
 ]
 
 
+# the plain server is test_serve_edge's too (tests/conftest.py): both modules on one xdist worker
+pytestmark = pytest.mark.xdist_group("plain-server")
+
+
 @pytest.fixture(scope="module")
-def server(trained):
-    s = Server(trained["model"])
-    yield s
-    s.stop()
+def server(plain_server):
+    return plain_server
 
 
 def test_ping_and_execution_parameters(server):

@@ -19,6 +19,9 @@ from hypothesis import strategies as st
 from sluice.records import split_lines
 from tests.helpers import FIGURES, Server
 
+# the plain server is test_serve's too (tests/conftest.py): both modules on one xdist worker
+pytestmark = pytest.mark.xdist_group("plain-server")
+
 TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
@@ -60,10 +63,8 @@ def configured(model):
 
 
 @pytest.fixture(scope="module")
-def plain(trained):
-    s = Server(trained["model"])
-    yield s
-    s.stop()
+def plain(plain_server):
+    return plain_server
 
 
 def test_generation_config_defaults_apply_and_records_override(configured, plain):
@@ -170,6 +171,7 @@ def test_client_that_disconnects_has_its_records_aborted(plain):
         )
         for i in range(3000)
     ).encode()
+    seen = len(plain.log)  # the server is shared: only what this request caused counts
     s = socket.create_connection(("127.0.0.1", plain.port))
     s.sendall(
         b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/jsonlines\r\n"
@@ -178,7 +180,7 @@ def test_client_that_disconnects_has_its_records_aborted(plain):
     time.sleep(1.0)
     s.close()
     t0 = time.monotonic()
-    while not any("client went away" in line for line in plain.log):
+    while not any("client went away" in line for line in plain.log[seen:]):
         assert time.monotonic() - t0 < 30, "".join(plain.log[-20:])
         time.sleep(0.2)
     assert plain.lines([{"text": "still serving"}])[0]["generated_text"] is not None

@@ -9,7 +9,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.helpers import run_local
+from sluice.errors import SluiceError
+from tests.helpers import Server, run_local
 
 AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -37,11 +38,30 @@ def monkeypatch_module():
         yield mp
 
 
+@pytest.fixture(scope="module")
+def container(trained):
+    """One serving container (`--container-url`) for the jobs here that only read from it.
+    SageMaker starts the image for each job, and the failing-file test keeps that start
+    (`--model`); the others would each wait ~45 s for it."""
+    s = Server(trained["model"], SAGEMAKER_BATCH="true", SLUICE_BATCH_WAIT_MS="1")
+    yield s.url
+    s.stop()
+
+
+def test_a_running_container_keeps_its_own_environment():
+    from sluice_local.transform import TransformConfig, run_transform
+
+    with pytest.raises(SluiceError, match="environment it was started with"):
+        run_transform(None, "in", "out", TransformConfig(env={"A": "1"}), container_url="http://x")
+    with pytest.raises(SluiceError, match="either a model folder or the URL"):
+        run_transform(None, "in", "out", TransformConfig())
+
+
 def jsonl(records) -> bytes:
     return ("\n".join(json.dumps(r) for r in records) + "\n").encode()
 
 
-def test_s3_prefix_with_manifest_multi_record_and_join(trained, s3_endpoint):
+def test_s3_prefix_with_manifest_multi_record_and_join(container, s3_endpoint):
     s3 = boto3.client("s3", endpoint_url=s3_endpoint)
     s3.create_bucket(Bucket="data")
     files = {
@@ -56,8 +76,8 @@ def test_s3_prefix_with_manifest_multi_record_and_join(trained, s3_endpoint):
 
     proc = run_local(
         "transform",
-        "--model",
-        str(trained["model"]),
+        "--container-url",
+        container,
         "--input",
         "s3://data/manifests/m.json",
         "--manifest",
@@ -69,8 +89,6 @@ def test_s3_prefix_with_manifest_multi_record_and_join(trained, s3_endpoint):
         "1",
         "--join-source",
         "Input",
-        "--env",
-        "SLUICE_BATCH_WAIT_MS=1",
         env=AWS_ENV,
     )
     summary = json.loads(proc.stdout[proc.stdout.index("{\n") :])
@@ -92,7 +110,7 @@ def test_s3_prefix_with_manifest_multi_record_and_join(trained, s3_endpoint):
     assert second.startswith("42,") and '"code":"invalid_record"' in second
 
 
-def test_local_folder_single_record_and_no_split(trained, tmp_path):
+def test_local_folder_single_record_and_no_split(container, tmp_path):
     src = tmp_path / "in"
     (src / "sub").mkdir(parents=True)
     (src / "p.txt").write_text("The cat\nThe dog\n")
@@ -100,8 +118,8 @@ def test_local_folder_single_record_and_no_split(trained, tmp_path):
     out = tmp_path / "out"
     proc = run_local(
         "transform",
-        "--model",
-        str(trained["model"]),
+        "--container-url",
+        container,
         "--input",
         str(src),
         "--output",
@@ -121,8 +139,8 @@ def test_local_folder_single_record_and_no_split(trained, tmp_path):
     whole = tmp_path / "whole"
     run_local(
         "transform",
-        "--model",
-        str(trained["model"]),
+        "--container-url",
+        container,
         "--input",
         str(src / "p.txt"),
         "--output",
@@ -164,7 +182,7 @@ def test_a_failing_file_gets_no_output_and_fails_the_job(trained, tmp_path):
     assert nan[0]["error"]["code"] == "invalid_json" and nan[1]["id"] == 2
 
 
-def test_gzip_inputs_and_batch_capture_manifests(trained, s3_endpoint, tmp_path):
+def test_gzip_inputs_and_batch_capture_manifests(container, s3_endpoint, tmp_path):
     """CompressionType=Gzip is read as SageMaker reads it; DataCaptureConfig writes manifests of
     the job's inputs and outputs (not copies) under input/ and output/, by hour."""
     import gzip
@@ -180,8 +198,8 @@ def test_gzip_inputs_and_batch_capture_manifests(trained, s3_endpoint, tmp_path)
     summary_file = tmp_path / "summary.json"
     proc = run_local(
         "transform",
-        "--model",
-        str(trained["model"]),
+        "--container-url",
+        container,
         "--input",
         "s3://cap/in/",
         "--output",
