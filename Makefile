@@ -78,7 +78,7 @@ test-fast: setup
 test-inventory: setup
 	$(PY) scripts/test_inventory.py
 
-lint: setup $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
+lint: setup lint-tools
 	$(PY) scripts/static_checks.py --sam $(SAM_VENV)/bin/sam --checkov $(CHECKOV_VENV)/bin/checkov
 
 # The image's environment, assembled and installed from container/Dockerfile's own COPY and RUN

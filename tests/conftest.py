@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(items):
     module fixture (a server, a stack) starts once; modules that share a session fixture name
     the same `xdist_group` to share one worker and that fixture."""
     for item in items:
-        if not any(True for _ in item.iter_markers("xdist_group")):
+        if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 

@@ -98,7 +98,7 @@ def definition(subs: dict) -> str:
 @cache
 def _rendered(subs: tuple) -> str:
     """The definition with these substitutions (rendered once per set: the fault sweep creates
-    the same state machine 200 times)."""
+    the same state machine 248 times)."""
     checks = _static_checks()
     text, missing = checks.render(DEFINITION.read_text(), dict(subs))
     assert not missing, missing
