@@ -386,12 +386,14 @@ def run_training(
             save_checkpoint()
             if bar is not None:
                 bar.close()
+            model = raw_model  # DDP freed before the process group is (Ranks.close)
             ranks.close()
             raise Interrupted(f"stopped at step {step} of {total}; checkpoint saved")
         if cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0 and step < total:
             save_checkpoint()
     if bar is not None:
         bar.close()
+    model = raw_model  # DDP freed before the process group is (Ranks.close)
     report = {}
     final = raw_model
     if fsdp:  # gathered once, on rank 0, into an ordinary model to evaluate and publish
