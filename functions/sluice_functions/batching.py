@@ -273,14 +273,24 @@ def common_prefix(keys: list[str]) -> str:
     return first[:n][: first[:n].rfind("/") + 1]
 
 
-def manifest(bucket: str, keys: list[str]) -> tuple[str, list]:
-    """A SageMaker manifest file: a prefix, then keys relative to it (outputs keep that path)."""
-    prefix = common_prefix(keys)
+def manifest(bucket: str, keys: list[str], prefix: str | None = None) -> tuple[str, list]:
+    """A SageMaker manifest file: a prefix, then keys relative to it. Batch Transform writes each
+    output at that relative path under S3OutputPath, so a fixed `prefix` (the incoming prefix)
+    makes an output's key depend on its input's key alone, not on which files share the job;
+    without one, the keys' longest common folder."""
+    prefix = common_prefix(keys) if prefix is None else prefix
+    assert all(k.startswith(prefix) for k in keys), (prefix, keys)
     return prefix, [{"prefix": f"s3://{bucket}/{prefix}"}, *[k[len(prefix) :] for k in keys]]
 
 
+def job_manifest(settings: Settings, keys: list[str]) -> list:
+    """The manifest of one job's uploads, relative to the incoming prefix (predictable outputs)."""
+    return manifest(settings.bucket, keys, settings.incoming_prefix)[1]
+
+
 def output_prefix(settings: Settings, name: str) -> str:
-    """Outputs land beside the inputs' folder structure, under outputs/<job>/."""
+    """Outputs land under outputs/<job>/, at their input's path relative to the incoming prefix:
+    incoming/team-a/prompts.jsonl -> outputs/<job>/team-a/prompts.jsonl.out."""
     return f"s3://{settings.bucket}/outputs/{name}/"
 
 

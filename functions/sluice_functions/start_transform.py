@@ -35,8 +35,8 @@ from .batching import (
     Settings,
     Upload,
     dedupe,
+    job_manifest,
     job_name,
-    manifest,
     newest_per_key,
     parse_message,
     plan_jobs,
@@ -106,7 +106,7 @@ def start_job(settings: Settings, model: str, group: list[Upload], table: str | 
 
 def _create(settings: Settings, model: str, group: list[Upload], name: str) -> None:
     """Write the manifest, then CreateTransformJob (an existing job counts as done)."""
-    _, body = manifest(settings.bucket, [u.key for u in group])
+    body = job_manifest(settings, [u.key for u in group])
     key = f"manifests/{name}.json"
     client("s3").put_object(
         Bucket=settings.bucket,

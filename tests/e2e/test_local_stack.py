@@ -88,6 +88,9 @@ def test_uploads_become_predictions_beside_a_success_report(local, champion):
         assert report["status"] == "Completed" and report["model"] == champion
     assert (by_file["prompts.jsonl"]["records"], by_file["prompts.jsonl"]["error_lines"]) == (3, 1)
     assert (by_file["notes.txt"]["records"], by_file["notes.txt"]["error_lines"]) == (2, 0)
+    for name, report in by_file.items():  # README's path: the input's, under outputs/<job>/
+        [placed] = [f["output"].split("/", 3)[3] for f in report["outputs"]]
+        assert placed == f"outputs/{report['job']}/team-a/{name}.out"
     out = by_file["prompts.jsonl"]["outputs"][0]["output"].split("/", 3)[3]
     lines = [json.loads(x) for x in users.read(out).splitlines()]
     assert [x.get("id") for x in lines] == ["p0", "p1", None]  # one line per input, in order

@@ -13,6 +13,7 @@ from sluice_functions.batching import (
     Settings,
     Upload,
     dedupe,
+    job_manifest,
     job_name,
     job_tags,
     manifest,
@@ -131,6 +132,40 @@ def test_manifest_keeps_paths_relative_to_the_common_folder():
     prefix, body = manifest("b", ["incoming/a/x.jsonl", "incoming/a/y/z.jsonl", "incoming/b.txt"])
     assert prefix == "incoming/"
     assert body == [{"prefix": "s3://b/incoming/"}, "a/x.jsonl", "a/y/z.jsonl", "b.txt"]
+
+
+class ManifestOnly:
+    """The one object the local Batch Transform reads to place outputs: the manifest."""
+
+    def __init__(self, body: list):
+        self.body = json.dumps(body).encode()
+
+    def read(self, uri: str) -> bytes:
+        return self.body
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        ["incoming/team-a/prompts.jsonl"],
+        ["incoming/team-a/prompts.jsonl", "incoming/team-a/more.jsonl"],
+        ["incoming/team-a/prompts.jsonl", "incoming/team-b/x/y.jsonl", "incoming/top.jsonl"],
+    ],
+    ids=["one-file", "one-folder", "two-folders"],
+)
+def test_an_outputs_key_depends_on_its_inputs_key_alone(keys):
+    """incoming/<path> -> outputs/<job>/<path>.out, whichever files share the job: the manifest
+    start_transform writes, placed as Batch Transform places outputs (the local one's code)."""
+    from sluice_local.transform import join, resolve_inputs
+
+    ups = [Upload(f"m{i}", SETTINGS.bucket, k, 10, "e") for i, k in enumerate(keys)]
+    name = job_name("dev", ups)
+    request = transform_request(SETTINGS, "model", name, f"manifests/{name}.json", ups)
+    body = job_manifest(SETTINGS, keys)
+    out = request["TransformOutput"]["S3OutputPath"]
+    placed = [join(out, rel + ".out") for _, rel in resolve_inputs(ManifestOnly(body), "", True)]
+    expected = [f"s3://{SETTINGS.bucket}/outputs/{name}/{k[len('incoming/') :]}.out" for k in keys]
+    assert placed == expected
 
 
 def validate(operation: str, params: dict) -> None:
