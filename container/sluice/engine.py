@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import SluiceError
 from .records import Record
 
 log = logging.getLogger("sluice.engine")
@@ -38,6 +39,7 @@ class Job:
     ids: list[int]
     deadline: float = math.inf
     result: dict | None = None
+    truncated: int = 0  # tokens the truncation policy dropped
 
 
 @dataclass
@@ -51,10 +53,18 @@ class EngineConfig:
     def from_env(cls, cuda: bool, defaults: dict | None = None) -> EngineConfig:
         return cls(
             default_max_new_tokens=int((defaults or {}).get("max_new_tokens", 32)),
-            truncation=os.environ.get("SLUICE_TRUNCATION", "left"),
+            truncation=truncation_default(),
             token_budget=int(os.environ.get("SLUICE_TOKEN_BUDGET", 65536 if cuda else 16384)),
             logits_mb=int(os.environ.get("SLUICE_LOGITS_MB", 1024 if cuda else 32)),
         )
+
+
+def truncation_default() -> str:
+    """SLUICE_TRUNCATION: the policy of generate, chat and next_token records that set none."""
+    value = os.environ.get("SLUICE_TRUNCATION", "left")
+    if value not in ("left", "right", "error"):
+        raise SluiceError(f"SLUICE_TRUNCATION must be left, right or error, not {value!r}")
+    return value
 
 
 def _id_fields(rec: Record | None) -> dict:
@@ -121,38 +131,59 @@ def _chat_ids(tok, rec: Record) -> list[int] | dict:
 def _fit(
     rec: Record, ids: list[int], context: int, config: EngineConfig, deadline: float = math.inf
 ) -> Job | dict:
-    policy = rec.params.get("truncation", config.truncation)
-    if rec.task == "score":
-        # long texts are scored in windows; only the error policy refuses them
-        if policy == "error" and len(ids) > context:
+    """Apply the record's truncation policy: no record reaches the engine longer than the model
+    allows. vLLM needs room for one generated token even to score (prompt log-probs) or to
+    predict the next token, and for max_new_tokens to generate."""
+    score = rec.task == "score"
+    policy = rec.params.get("truncation") or ("window" if score else config.truncation)
+    if score:
+        room = context - 1
+        if policy == "window" or len(ids) <= room:  # windows: scoring.windows, either engine
+            return Job(rec, ids, deadline)
+        what = "text"
+    else:
+        if policy == "window":
             return error_result(
-                rec,
-                "too_long",
-                f"text has {len(ids)} tokens, the model's context is "
-                f"{context} (send truncation='left' to score it in windows)",
+                rec, "invalid_parameter", "truncation 'window' is for score records only"
             )
-        return Job(rec, ids, deadline)
-    room = context
-    if rec.generates:
-        room -= rec.params.get("max_new_tokens", config.default_max_new_tokens)
+        room = context - (rec.params.get("max_new_tokens", config.default_max_new_tokens)
+                          if rec.generates else 1)  # fmt: skip
         if room < 1:
             return error_result(
                 rec,
                 "invalid_parameter",
                 f"max_new_tokens must be below the model's context of {context}",
             )
-    if len(ids) > room:
-        if policy == "error":
-            return error_result(
-                rec,
-                "too_long",
-                f"prompt has {len(ids)} tokens; with max_new_tokens it must "
-                f"fit the model's context of {context} (or send truncation='left')",
-            )
-        ids = ids[-room:]
-    if not ids:
+        what = "prompt"
+    if not score and not ids:
         return error_result(rec, "empty_text", "the text has no tokens")
-    return Job(rec, ids, deadline)
+    dropped = max(0, len(ids) - room)
+    if dropped and policy == "error":
+        need = "" if score else " with the tokens it asks for"
+        return error_result(
+            rec,
+            "too_long",
+            f"{what} has {len(ids)} tokens; {what}{need} must fit the model's context of "
+            f"{context} ({room} tokens): send truncation 'left' or 'right'"
+            + (" or 'window'" if score else ""),
+        )
+    if dropped:
+        ids = ids[dropped:] if policy == "left" else ids[:room]
+    return Job(rec, ids, deadline, truncated=dropped)
+
+
+def usage(job: Job, completion: int = 0) -> dict:
+    """A line's token usage (OpenAI's names); `truncated` when the policy dropped tokens."""
+    out = {
+        "usage": {
+            "prompt_tokens": len(job.ids),
+            "completion_tokens": completion,
+            "total_tokens": len(job.ids) + completion,
+        }
+    }
+    if job.truncated:
+        out["truncated"] = job.truncated
+    return out
 
 
 # --- vLLM ------------------------------------------------------------------------------------
@@ -374,12 +405,13 @@ class VllmEngine:
                     {"token": self.tok.decode([i]), "id": i, "prob": math.exp(lp.logprob)}
                     for i, lp in top[:k]
                 ],
+                **usage(job, 1),
             }
         gens = [self._generation(c) for c in out.outputs]
         res = {**_id_fields(rec), "task": rec.task, **gens[0]}
         if len(gens) > 1:
             res["generations"] = gens
-        return res
+        return {**res, **usage(job, sum(len(c.token_ids) for c in out.outputs))}
 
     def _generation(self, c) -> dict:
         ids = list(c.token_ids)
@@ -412,7 +444,7 @@ def score_result(job: Job, s, tok) -> dict:
     if job.record.params.get("per_token"):
         res["token_logprobs"] = s.token_logprobs
         res["token_strs"] = [tok.decode([t]) for t in job.ids[1:]]
-    return res
+    return {**res, **usage(job)}
 
 
 # vLLM sizes its LoRA slots to one of these ranks (LoRAConfig.max_lora_rank)

@@ -44,7 +44,16 @@ PARAMETERS: dict[str, dict[str, tuple[type, Any, str]]] = {
     "next_token": {"top_k": (_INT, lambda v: 1 <= v <= 100, "an integer from 1 to 100")},
 }
 PARAMETERS["chat"] = PARAMETERS["generate"]
-COMMON = {"truncation": (str, lambda v: v in ("error", "left"), "'error' or 'left'")}
+# what a prompt longer than the model allows becomes (docs/container.md "Long inputs"): `left`
+# keeps its end, `right` its start, `error` refuses it, `window` (score only) scores it all
+TRUNCATION = ("left", "right", "error", "window")
+COMMON = {
+    "truncation": (
+        str,
+        lambda v: v in TRUNCATION,
+        "'left', 'right', 'error' or 'window' (score only)",
+    )
+}
 
 
 class BodyError(Exception):
@@ -202,8 +211,20 @@ def _decode_json_line(index: int, line: str, defaults: Defaults) -> Record | Bad
     except json.JSONDecodeError as e:
         return BadRecord(index, "invalid_json", f"not valid JSON: {e.msg}")
     except (ValueError, RecursionError) as e:
-        return BadRecord(index, "invalid_json", f"not valid JSON: {e}"[:200])
+        bad = BadRecord(index, "invalid_json", f"not valid JSON: {e}"[:200])
+        _echo_id(bad, line)
+        return bad
     return make_record(index, obj, defaults)
+
+
+def _echo_id(bad: BadRecord, line: str) -> None:
+    """A line that is an object but not strict JSON (NaN, Infinity) still has an id to echo."""
+    try:
+        obj = json.loads(line)  # Python's json takes the constants strict JSON refuses
+    except (ValueError, RecursionError):
+        return
+    if isinstance(obj, dict) and "id" in obj and json_safe(obj["id"]):
+        bad.id, bad.has_id = obj["id"], True
 
 
 def _csv_field(line: str) -> str:

@@ -113,6 +113,96 @@ def test_vllm_scoring_matches_torch_scoring(configured, plain):
     assert by_vllm[1]["logprob"] == pytest.approx(by_torch[1]["logprob"], rel=0.05)
 
 
+MAX_NEW = 3
+
+
+def prompt_ids(tok, task: str, text: str) -> list[int]:
+    """The ids the engine gets for this text before truncation (as sluice.engine.prepare)."""
+    from sluice.scoring import encode_for_scoring
+
+    if task == "score":
+        return encode_for_scoring(tok, [text])[0]
+    if task == "chat":
+        out = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+    return tok(text)["input_ids"]
+
+
+def sized_text(tok, task: str, n: int) -> str:
+    """A text whose prompt is exactly n ids for `task`: words added one id at a time."""
+    words = ["cat", "river", "desert", "dog", "horse", "garden", "the", "a", *"xyzqk.,!?"]
+    text, got = "", len(prompt_ids(tok, task, ""))
+    while got < n:
+        for w in words:
+            longer = f"{text} {w}".strip() if w.isalpha() and len(w) > 1 else text + w
+            if len(prompt_ids(tok, task, longer)) == got + 1:
+                text, got = longer, got + 1
+                break
+        else:
+            raise AssertionError(f"no word adds exactly one id to a {task} prompt of {got}")
+    assert got == n, f"a {task} prompt starts at {got} ids, more than {n}"
+    return text
+
+
+def test_long_inputs_follow_the_truncation_policy_at_every_boundary(model, configured, plain):
+    """Every task at context-1, context, context+1 ids (and around the room max_new_tokens
+    leaves): a result cut as the policy says, or too_long for `error`; never internal_error,
+    never a prompt longer than the engine allows (vLLM refuses one that leaves no output room)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from sluice.model import context_length
+
+    tok = AutoTokenizer.from_pretrained(model)
+    context = context_length(AutoConfig.from_pretrained(model))
+    table: dict[str, str] = {}
+    # chat needs the configured model's template; score runs on both engines (vLLM, torch)
+    servers = {"generate": plain, "chat": configured, "next_token": plain, "score": configured}
+    for task, server in [*servers.items(), ("score", plain)]:
+        room = context - (MAX_NEW if task in ("generate", "chat") else 1)
+        policies = [None, "left", "right", "error"] + (["window"] if task == "score" else [])
+        for n in sorted({room - 1, room, room + 1, context - 1, context, context + 1}):
+            text = sized_text(tok, task, n)
+            ids = prompt_ids(tok, task, text)
+            params = {"max_new_tokens": MAX_NEW} if task in ("generate", "chat") else {}
+            records = []
+            for p in policies:
+                body = {"messages": [{"role": "user", "content": text}]} if task == "chat" else {
+                    "text": text, "task": task}  # fmt: skip
+                extra = {"per_token": True} if task == "score" else {}
+                truncation = {"truncation": p} if p else {}
+                records.append({"id": f"{task}-{n}-{p}", **body,
+                                "parameters": {**params, **extra, **truncation}})  # fmt: skip
+            for p, out in zip(policies, server.lines(records), strict=True):
+                where = f"{task} at {n} ids (room {room}), truncation {p}: {out}"
+                assert out["id"] == f"{task}-{n}-{p}", where
+                code = out.get("error", {}).get("code")
+                cell = f"{task}/{n}/{p or 'default'}"
+                assert table.setdefault(cell, code or "ok") == (code or "ok"), where  # engines
+
+                over = n > room
+                if p == "window" or (p is None and task == "score"):
+                    assert code is None and out["usage"]["prompt_tokens"] == n, where
+                    assert out["tokens"] == n - 1 and "truncated" not in out, where
+                    continue
+                if p == "error" and over:
+                    assert code == "too_long", where
+                    continue
+                assert code is None, where
+                assert out["usage"]["prompt_tokens"] == min(n, room), where
+                assert out.get("truncated", 0) == max(0, n - room), where
+                if task == "score" and over:  # which end was kept: the scored tokens say
+                    kept = ids[:room] if p == "right" else ids[-room:]
+                    assert out["token_strs"] == [tok.decode([t]) for t in kept[1:]], where
+    # a generating record cannot ask for windows
+    [bad] = plain.lines([{"text": "The cat", "parameters": {"truncation": "window"}}])
+    assert bad["error"]["code"] == "invalid_parameter"
+    FIGURES.append(
+        f"long inputs (context {context}): " + " ".join(f"{k}:{v}" for k, v in table.items())
+    )
+
+
 def chunked(server: Server, pieces: list[bytes], ctype="application/jsonlines"):
     c = server.conn()
     c.request(
@@ -225,6 +315,7 @@ def test_nan_bom_and_unwritable_ids_are_one_records_error(plain):
         None,
     ]
     assert out[0]["id"] == 1 and out[5]["id"] == 6
+    assert "id" not in out[1] and out[4]["id"] == 5  # Infinity outside the id: still its id
 
 
 # --- property: any body, no 5xx, no hang, a valid document, one line per input line ----------
