@@ -484,6 +484,27 @@ def vllm_adapter(model_dir: Path, adapter: Path) -> Adapter | None:
     return Adapter(adapter, rank)
 
 
+def check_runnable(model_dir, cuda: bool) -> None:
+    """Refuse at start a model whose attention vLLM's CPU kernels cannot run: vLLM itself
+    starts, answers /ping, then fails every record. Its own list of head sizes decides."""
+    if cuda:
+        return
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    heads = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 0) or 0)
+    hidden = int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0) or 0)
+    size = getattr(cfg, "head_dim", None) or (hidden // heads if heads else 0)
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if size and size not in sizes:
+        raise SluiceError(
+            f"{model_dir}: its attention heads are {size}-dimensional, and vLLM's CPU attention "
+            f"runs heads of {', '.join(map(str, sizes))} dimensions only: serve it on a GPU "
+            "instance, or train it with fewer, wider heads"
+        )
+
+
 def _heads(model_dir: str) -> int:
     from transformers import AutoConfig
 

@@ -35,7 +35,15 @@ from pathlib import Path
 import torch
 
 from .batcher import Batcher, TorchScorer
-from .engine import EngineConfig, Job, VllmEngine, error_result, prepare, vllm_adapter
+from .engine import (
+    EngineConfig,
+    Job,
+    VllmEngine,
+    check_runnable,
+    error_result,
+    prepare,
+    vllm_adapter,
+)
 from .errors import SluiceError
 from .lora import unmerged_adapter
 from .model import (
@@ -205,6 +213,7 @@ class State:
 
         t0 = time.perf_counter()
         check_causal(self.model_dir)
+        check_runnable(self.model_dir, self.gpus > 0)
         dtype = pick_dtype(self.device)
         try:
             self.tok = AutoTokenizer.from_pretrained(self.model_dir)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sluice_local.corpus import generate
-from tests.helpers import Server
+from tests.helpers import Server, free_port, run_sluice
 
 # Seconds of work for vLLM on 2 cores (at least 40 new tokens each: eos is never reached early)
 LONG_BATCH = [
@@ -281,3 +281,19 @@ def test_a_dead_engine_fails_its_records_and_the_server_exits_1(trained):
     finally:
         s.stop()
     assert "the vLLM engine died" in "".join(s.log)
+
+
+def test_a_model_the_cpu_engine_cannot_run_is_refused_at_start(tmp_path, trained):
+    """A Llama with 16-dimensional heads: vLLM's CPU attention runs 32-512, and vLLM would
+    start, answer /ping, then fail every record. serve exits 1 and says why instead."""
+    from tests.integration.test_train import tiny_llama
+
+    model = tiny_llama(tmp_path / "narrow-heads", trained["model"], heads=4)  # 64 / 4 = 16
+    proc = run_sluice(
+        "serve", "--model-dir", str(model), "--host", "127.0.0.1",
+        env={"SAGEMAKER_BIND_TO_PORT": str(free_port())}, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "cannot serve" in out and "16-dimensional" in out and "GPU" in out, out
+    assert "Traceback" not in out
