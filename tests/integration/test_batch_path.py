@@ -378,10 +378,10 @@ def test_completed_job_gets_a_success_report_once(aws):
     prefix = out.split("/", 3)[3]
     aws["s3"].put_object(
         Bucket=BUCKET,
-        Key=f"{prefix}a.jsonl.out",
+        Key=f"{prefix}p/a.jsonl.out",  # its input path below incoming/
         Body=b'{"id":0}\n{"id":1,"error":{"code":"x","message":"y"}}\n{"id":2}\n',
     )
-    aws["s3"].put_object(Bucket=BUCKET, Key=f"{prefix}b.jsonl.out", Body=b'{"id":0}\n{"id":1}\n')
+    aws["s3"].put_object(Bucket=BUCKET, Key=f"{prefix}p/b.jsonl.out", Body=b'{"id":0}\n{"id":1}\n')
     first = finished(state_change(job, "Completed"))
     assert first["written"] is True and first["report"] == f"{prefix}_SUCCESS.json"
     report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())

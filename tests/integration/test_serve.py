@@ -289,10 +289,9 @@ def test_a_model_the_cpu_engine_cannot_run_is_refused_at_start(tmp_path, trained
     from tests.integration.test_train import tiny_llama
 
     model = tiny_llama(tmp_path / "narrow-heads", trained["model"], heads=4)  # 64 / 4 = 16
-    proc = run_sluice(
-        "serve", "--model-dir", str(model), "--host", "127.0.0.1",
-        env={"SAGEMAKER_BIND_TO_PORT": str(free_port())}, check=False, timeout=300,
-    )  # fmt: skip
+    args = ["serve", "--model-dir", str(model), "--host", "127.0.0.1"]
+    port = {"SAGEMAKER_BIND_TO_PORT": str(free_port())}
+    proc = run_sluice(*args, env=port, check=False, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     assert "cannot serve" in out and "16-dimensional" in out and "GPU" in out, out

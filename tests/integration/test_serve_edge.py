@@ -165,15 +165,19 @@ def test_long_inputs_follow_the_truncation_policy_at_every_boundary(model, confi
         for n in sorted({room - 1, room, room + 1, context - 1, context, context + 1}):
             text = sized_text(tok, task, n)
             ids = prompt_ids(tok, task, text)
+            if task == "chat":
+                body = {"messages": [{"role": "user", "content": text}]}
+            else:
+                body = {"text": text, "task": task}
             params = {"max_new_tokens": MAX_NEW} if task in ("generate", "chat") else {}
-            records = []
-            for p in policies:
-                body = {"messages": [{"role": "user", "content": text}]} if task == "chat" else {
-                    "text": text, "task": task}  # fmt: skip
-                extra = {"per_token": True} if task == "score" else {}
-                truncation = {"truncation": p} if p else {}
-                records.append({"id": f"{task}-{n}-{p}", **body,
-                                "parameters": {**params, **extra, **truncation}})  # fmt: skip
+            if task == "score":
+                params["per_token"] = True
+            records = [
+                {"id": f"{task}-{n}-{p}", **body, "parameters": {**params, "truncation": p}}
+                if p
+                else {"id": f"{task}-{n}-{p}", **body, "parameters": params}
+                for p in policies
+            ]
             for p, out in zip(policies, server.lines(records), strict=True):
                 where = f"{task} at {n} ids (room {room}), truncation {p}: {out}"
                 assert out["id"] == f"{task}-{n}-{p}", where
