@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import SluiceError
-from .records import Record
+from .records import TRUNCATION, Record
 
 log = logging.getLogger("sluice.engine")
 
@@ -62,7 +62,7 @@ class EngineConfig:
 def truncation_default() -> str:
     """SLUICE_TRUNCATION: the policy of generate, chat and next_token records that set none."""
     value = os.environ.get("SLUICE_TRUNCATION", "left")
-    if value not in ("left", "right", "error"):
+    if value not in TRUNCATION or value == "window":  # windows are for score records only
         raise SluiceError(f"SLUICE_TRUNCATION must be left, right or error, not {value!r}")
     return value
 
@@ -146,8 +146,9 @@ def _fit(
             return error_result(
                 rec, "invalid_parameter", "truncation 'window' is for score records only"
             )
-        room = context - (rec.params.get("max_new_tokens", config.default_max_new_tokens)
-                          if rec.generates else 1)  # fmt: skip
+        default = config.default_max_new_tokens
+        out = rec.params.get("max_new_tokens", default) if rec.generates else 1
+        room = context - out
         if room < 1:
             return error_result(
                 rec,
@@ -264,6 +265,7 @@ class VllmEngine:
 
     async def _start(self, model_dir: str, dtype: str):
         import torch
+        from transformers import AutoConfig
         from vllm import AsyncEngineArgs
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -271,8 +273,10 @@ class VllmEngine:
         cuda = torch.cuda.is_available()
         if not cuda:
             cpu_defaults()
-        heads = _heads(model_dir)
-        tp = tensor_parallel(torch.cuda.device_count(), heads) if cuda else 1
+        tp = 1
+        if cuda:
+            heads = _heads(AutoConfig.from_pretrained(model_dir))
+            tp = tensor_parallel(torch.cuda.device_count(), heads)
         lora = {}
         if self.adapter is not None:
             from vllm.lora.request import LoRARequest
@@ -493,9 +497,8 @@ def check_runnable(model_dir, cuda: bool) -> None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
     cfg = AutoConfig.from_pretrained(model_dir)
-    heads = int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 0) or 0)
     hidden = int(getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", 0) or 0)
-    size = getattr(cfg, "head_dim", None) or (hidden // heads if heads else 0)
+    size = getattr(cfg, "head_dim", None) or hidden // _heads(cfg)
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if size and size not in sizes:
         raise SluiceError(
@@ -505,8 +508,6 @@ def check_runnable(model_dir, cuda: bool) -> None:
         )
 
 
-def _heads(model_dir: str) -> int:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(model_dir)
+def _heads(cfg) -> int:
+    """A config's attention heads (the name varies by architecture)."""
     return int(getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", 1))
