@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import openai_batch
+
 TASKS = ("generate", "chat", "score", "next_token")
 GENERATING = ("generate", "chat")  # chat: generate over the tokenizer's chat template
 SAMPLING = ("temperature", "top_k", "top_p")
@@ -39,6 +41,7 @@ PARAMETERS: dict[str, dict[str, tuple[type, Any, str]]] = {
         "stop": (list, None, "a string or a list of strings"),
         "num_return_sequences": (_INT, lambda v: 1 <= v <= 16, "an integer from 1 to 16"),
         "repetition_penalty": (_FLOAT, lambda v: 0 < v <= 10, "a number in (0, 10]"),
+        "logprobs": (_INT, lambda v: 0 <= v <= 20, "an integer from 0 to 20"),
     },
     "score": {"per_token": (_BOOL, None, "true or false")},
     "next_token": {"top_k": (_INT, lambda v: 1 <= v <= 100, "an integer from 1 to 100")},
@@ -73,6 +76,7 @@ class Record:
     id: Any = None
     has_id: bool = False
     messages: list[dict] | None = None  # chat: [{"role": ..., "content": ...}, ...]
+    openai: openai_batch.Request | None = None  # an OpenAI batch line: its output is one too
 
     @property
     def generates(self) -> bool:
@@ -86,6 +90,7 @@ class BadRecord:
     message: str
     id: Any = None
     has_id: bool = False
+    openai: openai_batch.Request | None = None
 
 
 @dataclass
@@ -118,7 +123,7 @@ def check_param(task: str, name: str, value: Any) -> Any:
     if ok and typ is float and not math.isfinite(value):
         ok = False
     if not ok or (check is not None and not check(value)):
-        raise ValueError(f"parameter {name!r} must be {desc}, got {json.dumps(value)}")
+        raise ValueError(f"parameter {name!r} must be {desc}, got {json.dumps(value)}"[:300])
     return value
 
 
@@ -169,6 +174,12 @@ def make_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
         if "do_sample" not in params and any(k in params for k in SAMPLING):
             merged["do_sample"] = True
         merged.setdefault("do_sample", any(k in merged for k in SAMPLING))
+        greedy = not merged["do_sample"] or merged.get("temperature", 1.0) == 0
+        if merged.get("num_return_sequences", 1) > 1 and greedy:  # vLLM refuses it
+            return bad(
+                "invalid_parameter",
+                "several generations need sampling: set temperature > 0 (or do_sample true)",
+            )
     return Record(index, text, task, merged, rid, has_id, messages)
 
 
@@ -214,7 +225,32 @@ def _decode_json_line(index: int, line: str, defaults: Defaults) -> Record | Bad
         bad = BadRecord(index, "invalid_json", f"not valid JSON: {e}"[:200])
         _echo_id(bad, line)
         return bad
-    return make_record(index, obj, defaults)
+    return decode_record(index, obj, defaults)
+
+
+def decode_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
+    """A decoded JSON value as a record: a native one, or an OpenAI batch request line."""
+    if not openai_batch.is_request(obj):
+        return make_record(index, obj, defaults)
+    req = openai_batch.request_of(obj)
+    try:
+        task, fields = openai_batch.to_native(obj)
+    except openai_batch.Invalid as e:
+        return BadRecord(index, e.code, str(e), openai=req)
+    body = obj["body"]
+    if body.get("temperature") is None:  # OpenAI's default is 1; vLLM's the model's, else 1
+        t = defaults.params.get("generate", {}).get("temperature", 1.0)
+        fields["parameters"].update(temperature=t, do_sample=t > 0)
+    rec = make_record(index, {"task": task, **fields}, defaults)
+    rec.openai = req
+    if isinstance(rec, BadRecord):
+        return rec
+    p = rec.params
+    if task == "chat" and body.get("max_tokens", body.get("max_completion_tokens")) is None:
+        p["max_new_tokens"] = None  # up to the model's context, as OpenAI and vLLM do
+    if body.get("echo"):
+        req.echo = rec.text
+    return rec
 
 
 def _echo_id(bad: BadRecord, line: str) -> None:
@@ -225,6 +261,8 @@ def _echo_id(bad: BadRecord, line: str) -> None:
         return
     if isinstance(obj, dict) and "id" in obj and json_safe(obj["id"]):
         bad.id, bad.has_id = obj["id"], True
+    if openai_batch.is_request(obj):
+        bad.openai = openai_batch.request_of(obj)
 
 
 def _csv_field(line: str) -> str:
@@ -294,14 +332,23 @@ def stream_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 def _parse_lines(
     lines: Iterable[bytes], kind: str, defaults: Defaults
 ) -> Iterator[Record | BadRecord]:
+    openai = False  # once a body has OpenAI request lines, its unreadable lines answer as such
     for index, raw in enumerate(lines):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            yield BadRecord(index, "invalid_utf8", f"not UTF-8 (byte {e.start} of the line)")
+            bad = BadRecord(index, "invalid_utf8", f"not UTF-8 (byte {e.start} of the line)")
+            if openai:
+                bad.openai = openai_batch.Request()
+            yield bad
             continue
         if kind in JSONLINES:
-            yield _decode_json_line(index, line, defaults)
+            rec = _decode_json_line(index, line, defaults)
+            if rec.openai is not None:
+                openai = True
+            elif openai and isinstance(rec, BadRecord):
+                rec.openai = openai_batch.Request()
+            yield rec
         elif kind == "text/csv":
             try:
                 yield make_record(index, _csv_field(line), defaults)
@@ -366,7 +413,7 @@ def _parse_json(body: bytes, defaults: Defaults):
         raise BodyError(400, f"the body is not one JSON document: {e}"[:300]) from None
     items = doc if isinstance(doc, list) else [doc]
     for index, obj in enumerate(items):
-        yield make_record(index, obj, defaults)
+        yield decode_record(index, obj, defaults)
 
 
 def error_line(rec: BadRecord) -> dict:

@@ -54,12 +54,14 @@ from .model import (
     merged_copy,
     read_sluice_json,
 )
+from .openai_batch import error_output, output_line
 from .records import (
     PARAMETERS,
     TASKS,
     BadRecord,
     BodyError,
     Defaults,
+    Record,
     check_param,
     dumps,
     error_line,
@@ -442,9 +444,10 @@ class Handler(BaseHTTPRequestHandler):
                 good = [r for r in window if not isinstance(r, BadRecord)]
                 prepared = iter(prepare(st.tok, st.context, st.config, good, deadline))
                 slots = [
-                    error_line(r) if isinstance(r, BadRecord) else next(prepared) for r in window
+                    (r, error_line(r) if isinstance(r, BadRecord) else next(prepared))
+                    for r in window
                 ]
-                jobs = [x for x in slots if isinstance(x, Job)]
+                jobs = [x for _, x in slots if isinstance(x, Job)]
                 futures = dict(zip(map(id, jobs), st.submit(jobs), strict=True))
                 # the next window is parsed and tokenised while this one runs
                 if pending is not None:
@@ -468,10 +471,10 @@ class Handler(BaseHTTPRequestHandler):
     def _flush(self, slots, futures, first: bool, as_array: bool) -> bool:
         lines = []
         try:
-            for s in slots:
+            for rec, s in slots:
                 if isinstance(s, Job):
                     self._wait(futures[id(s)])
-                lines.append(_line(s))
+                lines.append(_line(rec, s))
         except ClientGone:
             for f in futures.values():
                 f.cancel()
@@ -497,13 +500,15 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
 
 
-def _line(slot) -> str:
-    """One output line; a result that cannot be written as JSON becomes that record's error."""
+def _line(rec: Record | BadRecord, slot) -> str:
+    """One output line (an OpenAI batch output line for an OpenAI request line); a result that
+    cannot be written as JSON becomes that record's error."""
     result = slot.result if isinstance(slot, Job) else slot
     try:
-        return dumps(result)
+        return dumps(result if rec.openai is None else output_line(rec.openai, result))
     except (ValueError, TypeError) as e:
-        rec = slot.record if isinstance(slot, Job) else None
+        if rec.openai is not None:
+            return dumps(error_output(rec.openai, "internal_error", f"unwritable result: {e}"))
         return dumps(error_result(rec, "internal_error", f"unwritable result: {e}"))
 
 

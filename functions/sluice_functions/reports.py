@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import IO
 
 
 def report_key(output_uri: str, success: bool) -> str:
@@ -25,21 +26,37 @@ def parse_manifest(body: bytes) -> tuple[str, list[str]]:
     return doc[0]["prefix"], [k for k in doc[1:] if isinstance(k, str)]
 
 
-def count_lines(chunks: Iterable[bytes]) -> tuple[int, int]:
-    """(output lines, error lines) of a .out file, streamed: memory stays one chunk."""
+def count_lines(chunks: Iterable[bytes], failed: IO[bytes] | None = None) -> tuple[int, int]:
+    """(output lines, error lines) of a .out file, streamed: memory stays one chunk.
+
+    `failed` receives the error lines that answer OpenAI batch request lines (they carry a
+    `custom_id`): the file OpenAI calls the batch's error file.
+    """
     lines = errors = 0
     tail = b""
+
+    def see(line: bytes) -> None:
+        nonlocal lines, errors
+        lines += 1
+        if b'"error":{' in line or b'"error": {' in line:
+            errors += 1
+            if failed is not None and b'"custom_id":' in line:
+                failed.write(line + b"\n")
+
     for chunk in chunks:
-        data = tail + chunk
-        parts = data.split(b"\n")
+        parts = (tail + chunk).split(b"\n")
         tail = parts.pop()
         for line in parts:
-            lines += bool(line)
-            errors += b'"error":{' in line or b'"error": {' in line
+            if line:
+                see(line)
     if tail:
-        lines += 1
-        errors += b'"error":{' in tail or b'"error": {' in tail
+        see(tail)
     return lines, errors
+
+
+def errors_key(out_key: str) -> str:
+    """Where the failed OpenAI batch requests of `<input>.out` go: `<input>.errors.jsonl`."""
+    return out_key.removesuffix(".out") + ".errors.jsonl"
 
 
 def event_time(value) -> datetime | None:

@@ -1,8 +1,9 @@
 """transform_finished: SageMaker Transform Job State Change -> _SUCCESS.json / _FAILURE.json.
 
 Completed: a summary beside the outputs (inputs, outputs with record and error-line counts,
-duration). Failed or Stopped: the FailureReason and the input keys (from the claims table when the
-manifest cannot be read), and an SNS notification.
+duration), and for OpenAI batch inputs the failed requests copied to `<input>.errors.jsonl`.
+Failed or Stopped: the FailureReason and the input keys (from the claims table when the manifest
+cannot be read), and an SNS notification.
 SageMaker may deliver the same event twice: the report is written only if absent, so the
 notification goes out once.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
@@ -23,6 +25,7 @@ from .aws import client, error_code
 from .reports import (
     count_lines,
     duration_s,
+    errors_key,
     failure_report,
     parse_manifest,
     report_key,
@@ -60,15 +63,20 @@ def output_counts(output_uri: str, prefix: str, keys: list[str]) -> list[dict]:
         key = f"{out_prefix}{rel}.out"
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"]
-            records, errors = count_lines(body.iter_chunks(1 << 20))
-            files.append(
-                {
+            # spooled: a large error file goes to /tmp, not into the function's memory
+            with tempfile.SpooledTemporaryFile(max_size=8 << 20) as failed:
+                records, errors = count_lines(body.iter_chunks(1 << 20), failed)
+                entry = {
                     "input": prefix + rel,
                     "output": f"s3://{bucket}/{key}",
                     "records": records,
                     "error_lines": errors,
                 }
-            )
+                if failed.tell():
+                    failed.seek(0)
+                    s3.upload_fileobj(failed, bucket, errors_key(key))
+                    entry["errors"] = f"s3://{bucket}/{errors_key(key)}"
+            files.append(entry)
         except ClientError as e:
             files.append(
                 {

@@ -80,21 +80,38 @@ def test_uploads_become_predictions_beside_a_success_report(local, champion):
     ]
     users.put("incoming/team-a/prompts.jsonl", [json.dumps(p) for p in prompts] + ["{oops"])
     users.put("incoming/team-a/notes.txt", ["Every horse likes", "Anna gave the dog some"])
-    reports = users.wait_for_reports(["incoming/team-a/prompts.jsonl", "incoming/team-a/notes.txt"])
+    # the OpenAI batch format, recognised by content: output lines and an error file in its shape
+    completion = {"prompt": "The lazy cat eats", "max_tokens": 4, "temperature": 0}
+    openai = [
+        {"custom_id": "c-1", "method": "POST", "url": "/v1/completions", "body": completion},
+        {"custom_id": "c-2", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a"}},
+    ]
+    users.put("incoming/team-a/batch.jsonl", [json.dumps(x) for x in openai])
+    names = ["prompts.jsonl", "notes.txt", "batch.jsonl"]
+    reports = users.wait_for_reports([f"incoming/team-a/{n}" for n in names])
     # one batching window, one job per content type: JSON Lines, and plain text (a prompt a line)
-    by_file = {r["inputs"][0].rsplit("/", 1)[1]: r for r in reports.values()}
-    assert sorted(by_file) == ["notes.txt", "prompts.jsonl"]
-    for report in by_file.values():
+    assert len(reports) == 2
+    files = {f["input"].rsplit("/", 1)[1]: (r, f) for r in reports.values() for f in r["outputs"]}
+    assert sorted(files) == sorted(names)
+    assert files["prompts.jsonl"][0] is files["batch.jsonl"][0]
+    for report, _ in files.values():
         assert report["status"] == "Completed" and report["model"] == champion
-    assert (by_file["prompts.jsonl"]["records"], by_file["prompts.jsonl"]["error_lines"]) == (3, 1)
-    assert (by_file["notes.txt"]["records"], by_file["notes.txt"]["error_lines"]) == (2, 0)
-    for name, report in by_file.items():  # README's path: the input's, under outputs/<job>/
-        [placed] = [f["output"].split("/", 3)[3] for f in report["outputs"]]
-        assert placed == f"outputs/{report['job']}/team-a/{name}.out"
-    out = by_file["prompts.jsonl"]["outputs"][0]["output"].split("/", 3)[3]
+    counts = {n: (f["records"], f["error_lines"]) for n, (_, f) in files.items()}
+    assert counts == {"prompts.jsonl": (3, 1), "notes.txt": (2, 0), "batch.jsonl": (2, 1)}
+    for name, (report, f) in files.items():  # README's path: the input's, under outputs/<job>/
+        assert f["output"].split("/", 3)[3] == f"outputs/{report['job']}/team-a/{name}.out"
+    out = files["prompts.jsonl"][1]["output"].split("/", 3)[3]
     lines = [json.loads(x) for x in users.read(out).splitlines()]
     assert [x.get("id") for x in lines] == ["p0", "p1", None]  # one line per input, in order
     assert lines[0]["generated_text"] and lines[2]["error"]["code"] == "invalid_json"
+    out = files["batch.jsonl"][1]["output"].split("/", 3)[3]
+    done, refused = [json.loads(x) for x in users.read(out).splitlines()]
+    body = done["response"]["body"]
+    assert done["custom_id"] == "c-1" and body["object"] == "text_completion"
+    assert body["choices"][0]["text"] and refused["response"]["status_code"] == 400
+    errors = files["batch.jsonl"][1]["errors"].split("/", 3)[3]
+    assert errors == out.removesuffix(".out") + ".errors.jsonl"
+    assert [json.loads(x)["custom_id"] for x in users.read(errors).splitlines()] == ["c-2"]
 
 
 def test_a_failing_file_gets_a_failure_report_and_a_notification(local, champion):

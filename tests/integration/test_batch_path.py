@@ -10,6 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
+from sluice.openai_batch import Request, output_line
 from tests.helpers import LambdaContext as Context
 from tests.helpers import lambda_env, template_resource
 
@@ -372,6 +373,9 @@ def started_job(aws) -> dict:
     return job
 
 
+DONE = {"finish_reason": "length", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+
+
 def test_completed_job_gets_a_success_report_once(aws):
     job = started_job(aws)
     out = job["TransformOutput"]["S3OutputPath"]
@@ -381,12 +385,20 @@ def test_completed_job_gets_a_success_report_once(aws):
         Key=f"{prefix}p/a.jsonl.out",  # its input path below incoming/
         Body=b'{"id":0}\n{"id":1,"error":{"code":"x","message":"y"}}\n{"id":2}\n',
     )
-    aws["s3"].put_object(Bucket=BUCKET, Key=f"{prefix}p/b.jsonl.out", Body=b'{"id":0}\n{"id":1}\n')
+    # b.jsonl held OpenAI batch requests: its failed one is copied to OpenAI's error file
+    ok = output_line(Request("r-1", "/v1/completions"), {"generated_text": "x", **DONE})
+    failed = output_line(Request("r-2"), {"error": {"code": "too_long", "message": "m"}})
+    body = "\n".join(json.dumps(x) for x in (ok, failed)) + "\n"
+    aws["s3"].put_object(Bucket=BUCKET, Key=f"{prefix}p/b.jsonl.out", Body=body.encode())
     first = finished(state_change(job, "Completed"))
     assert first["written"] is True and first["report"] == f"{prefix}_SUCCESS.json"
     report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())
-    assert (report["records"], report["error_lines"], report["duration_s"]) == (5, 1, 600.0)
+    assert (report["records"], report["error_lines"], report["duration_s"]) == (5, 2, 600.0)
     assert [f["records"] for f in report["outputs"]] == [3, 2]
+    errors = f"{prefix}p/b.jsonl.errors.jsonl"
+    assert [f.get("errors") for f in report["outputs"]] == [None, f"s3://{BUCKET}/{errors}"]
+    lines = aws["s3"].get_object(Bucket=BUCKET, Key=errors)["Body"].read().splitlines()
+    assert [json.loads(x)["custom_id"] for x in lines] == ["r-2"]
     assert report["inputs"] == [f"s3://{BUCKET}/incoming/p/{n}.jsonl" for n in "ab"]
     assert finished(state_change(job, "Completed"))["written"] is False  # duplicate event
 

