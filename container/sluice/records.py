@@ -33,7 +33,7 @@ _INT, _FLOAT, _BOOL = int, float, bool
 PARAMETERS: dict[str, dict[str, tuple[type, Any, str]]] = {
     "generate": {
         "max_new_tokens": (_INT, lambda v: 1 <= v <= 4096, "an integer from 1 to 4096"),
-        "temperature": (_FLOAT, lambda v: v >= 0, "a number >= 0"),
+        "temperature": (_FLOAT, lambda v: 0 <= v <= 2, "a number from 0 to 2"),  # vLLM refuses more
         "top_k": (_INT, lambda v: v >= 0, "an integer >= 0 (0: off)"),
         "top_p": (_FLOAT, lambda v: 0 < v <= 1, "a number in (0, 1]"),
         "do_sample": (_BOOL, None, "true or false"),

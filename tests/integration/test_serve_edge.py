@@ -418,9 +418,11 @@ def test_completions_echo_logprobs_and_errors_in_openais_shape(configured):
     # the same greedy text as the native record of the same prompt
     assert plain.choices[0].text == out[6]["generated_text"]
     assert echoed.choices[0].text == "The cat" + plain.choices[0].text
-    lp = echoed.choices[0].logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) >= 1
-    assert all(len(t) <= 3 for t in lp.top_logprobs) and lp.text_offset[0] == len("The cat")
+    lp = echoed.choices[0].logprobs  # one entry per generated token (none if EOS came first)
+    n = len(lp.tokens)
+    assert n == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert n == out[6]["tokens"] and all(len(t) <= 3 for t in lp.top_logprobs)
+    assert lp.text_offset[:1] in ([], [len("The cat")])
     assert plain.usage.prompt_tokens == out[6]["usage"]["prompt_tokens"]
     codes = [x["response"]["body"]["error"]["code"] for x in out[2:6]]
     assert codes == ["unsupported_parameter", "invalid_url", "too_long", "invalid_json"]
