@@ -24,8 +24,12 @@ CHAT_FIELDS = (*COMMON_FIELDS, "messages", "max_completion_tokens", "logprobs", 
 CHAT_FIELDS += ("response_format", "metadata", "store", "stream")
 COMPLETION_FIELDS = (*COMMON_FIELDS, "prompt", "echo", "logprobs", "stream", "best_of")
 # native error codes that are not the request's fault (OpenAI answers these with 5xx)
-SERVER_ERRORS = {"engine_failed": 503, "deadline_exceeded": 504, "cancelled": 499}
-SERVER_ERRORS["internal_error"] = 500
+SERVER_ERRORS = {
+    "engine_failed": 503,
+    "deadline_exceeded": 504,
+    "cancelled": 499,
+    "internal_error": 500,
+}
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 CONTENT_PARTS = ("text", "input_text")
 
@@ -114,11 +118,9 @@ def _sampling(body: dict, chat: bool) -> dict:
     if most is not None:  # chat without it: up to the model's context (records.py, engine._fit)
         p["max_new_tokens"] = most
     temperature = body.get("temperature")  # absent: the model's default, else 1 (records.py)
-    if temperature is not None:
+    if temperature is not None:  # its range (0-2) is records.check_param's
         p["temperature"] = temperature
         if isinstance(temperature, int | float) and not isinstance(temperature, bool):
-            if not 0 <= temperature <= 2:
-                raise Invalid("invalid_parameter", "temperature must be a number from 0 to 2")
             p["do_sample"] = temperature > 0
     for name, native in (("top_p", "top_p"), ("n", "num_return_sequences"), ("seed", "seed")):
         if body.get(name) is not None:
