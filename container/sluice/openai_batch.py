@@ -11,6 +11,7 @@ OpenAI's Batch APIs and `vllm run-batch` read. It is recognised by its content (
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ SERVER_ERRORS = {
 }
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 CONTENT_PARTS = ("text", "input_text")
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # response_format.json_schema.name, OpenAI's rule
 
 
 @dataclass
@@ -137,7 +139,9 @@ def _sampling(body: dict, chat: bool) -> dict:
             raise Invalid("invalid_parameter", "logprobs must be true or false")
         if body.get("logprobs"):
             p["logprobs"] = 0 if top is None else top
-        _response_format(body.get("response_format"))
+        schema = _response_format(body.get("response_format"))
+        if schema is not None:  # checked as a schema by records.check_param, as a native one
+            p["json_schema"] = schema
     elif body.get("logprobs") is not None:
         lp = body["logprobs"]
         if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 5:
@@ -148,13 +152,30 @@ def _sampling(body: dict, chat: bool) -> dict:
     return p
 
 
-def _response_format(fmt: Any) -> None:
-    if fmt is None or fmt == {"type": "text"}:
-        return
-    raise Invalid(
-        "unsupported_parameter",
-        'response_format other than {"type": "text"} is not available yet (structured output)',
-    )
+def _response_format(fmt: Any) -> Any:
+    """The JSON Schema an OpenAI `response_format` asks for, or None for free text."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":  # any JSON object
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise Invalid(
+            "invalid_parameter",
+            'response_format must be {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+        )
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not NAME.fullmatch(str(spec.get("name", ""))):
+        raise Invalid(
+            "invalid_parameter",
+            "response_format.json_schema needs a name of 1-64 letters, digits, _ or -",
+        )
+    if not isinstance(spec.get("schema"), dict):
+        raise Invalid("invalid_parameter", "response_format.json_schema.schema must be an object")
+    return spec["schema"]
 
 
 def _messages(messages: Any) -> list[dict]:

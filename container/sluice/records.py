@@ -42,6 +42,8 @@ PARAMETERS: dict[str, dict[str, tuple[type, Any, str]]] = {
         "num_return_sequences": (_INT, lambda v: 1 <= v <= 16, "an integer from 1 to 16"),
         "repetition_penalty": (_FLOAT, lambda v: 0 < v <= 10, "a number in (0, 10]"),
         "logprobs": (_INT, lambda v: 0 <= v <= 20, "an integer from 0 to 20"),
+        # structured output: the answer is JSON valid under this schema (vLLM's guided decoding)
+        "json_schema": (dict, None, "a JSON Schema (an object)"),
     },
     "score": {"per_token": (_BOOL, None, "true or false")},
     "next_token": {"top_k": (_INT, lambda v: 1 <= v <= 100, "an integer from 1 to 100")},
@@ -117,6 +119,8 @@ def check_param(task: str, name: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
             raise ValueError(f"parameter 'stop' must be {desc}")
         return value
+    if name == "json_schema":
+        return _schema(value, desc)
     ok = isinstance(value, typ) and not (typ is not bool and isinstance(value, bool))
     if typ is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True
@@ -125,6 +129,36 @@ def check_param(task: str, name: str, value: Any) -> Any:
     if not ok or (check is not None and not check(value)):
         raise ValueError(f"parameter {name!r} must be {desc}, got {json.dumps(value)}"[:300])
     return value
+
+
+def _schema(value: Any, desc: str) -> dict:
+    """A JSON Schema its own metaschema accepts (the draft its `$schema` names, else 2020-12)."""
+    import jsonschema  # imported here: only records that ask for structured output pay for it
+
+    if not isinstance(value, dict):
+        raise ValueError(f"parameter 'json_schema' must be {desc}")
+    try:
+        jsonschema.validators.validator_for(value).check_schema(value)
+    except jsonschema.SchemaError as e:
+        msg = f"parameter 'json_schema' is not a valid JSON Schema: {e.message}"
+        raise ValueError(msg[:300]) from None
+    remote = next(_remote_refs(value), None)
+    if remote is not None:  # nothing is fetched while serving: a batch job may have no network
+        raise ValueError(f"parameter 'json_schema' refers outside itself ($ref {remote!r})"[:300])
+    return value
+
+
+def _remote_refs(node: Any) -> Iterator[str]:
+    """The `$ref`s of a schema that do not point inside it (`#...`)."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            yield ref
+        for v in node.values():
+            yield from _remote_refs(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _remote_refs(v)
 
 
 def make_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
@@ -346,8 +380,8 @@ def _parse_lines(
             rec = _decode_json_line(index, line, defaults)
             if rec.openai is not None:
                 openai = True
-            elif openai and isinstance(rec, BadRecord):
-                rec.openai = openai_batch.Request()
+            elif openai and isinstance(rec, BadRecord) and not rec.has_id:
+                rec.openai = openai_batch.Request()  # a native line with an id keeps its shape
             yield rec
         elif kind == "text/csv":
             try:

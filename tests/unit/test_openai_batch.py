@@ -45,6 +45,24 @@ def test_chat_and_completion_lines_become_records_with_openais_defaults():
     assert open_ended.params["max_new_tokens"] is None and open_ended.messages[0]["content"] == "a"
 
 
+def json_schema(schema, name="answer") -> dict:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+def test_response_format_is_the_native_json_schema_parameter():
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    free, obj, strict = parse(
+        line(messages=CHAT, response_format={"type": "text"}),
+        line(messages=CHAT, response_format={"type": "json_object"}),
+        line(messages=CHAT, response_format=json_schema(schema)),
+    )
+    assert "json_schema" not in free.params
+    assert obj.params["json_schema"] == {"type": "object"}
+    assert strict.params["json_schema"] == schema
+    (native,) = parse({"text": "a", "parameters": {"json_schema": schema}})
+    assert native.params["json_schema"] == schema
+
+
 def test_an_absent_temperature_is_the_models_default_as_in_vllm():
     (rec,) = parse(
         line(messages=CHAT), defaults=Defaults(params={"generate": {"temperature": 0.0}})
@@ -60,7 +78,10 @@ def test_an_absent_temperature_is_the_models_default_as_in_vllm():
         ({**line(messages=CHAT), "extra": 1}, "invalid_request"),
         (line(messages=CHAT, tools=[]), "unsupported_parameter"),
         (line(messages=CHAT, stream=True), "unsupported_parameter"),
-        (line(messages=CHAT, response_format={"type": "json_object"}), "unsupported_parameter"),
+        (line(messages=CHAT, response_format={"type": "xml"}), "invalid_parameter"),
+        (line(messages=CHAT, response_format={"type": "json_schema"}), "invalid_parameter"),
+        (line(messages=CHAT, response_format=json_schema({"type": "nope"})), "invalid_parameter"),
+        (line(messages=CHAT, response_format=json_schema({}, name="a b")), "invalid_parameter"),
         (line(messages=CHAT, max_tokens=2, max_completion_tokens=2), "invalid_request"),
         (line(messages=CHAT, temperature=3), "invalid_parameter"),
         (line(messages=CHAT, top_logprobs=2), "invalid_parameter"),
@@ -99,11 +120,14 @@ def test_unreadable_lines_of_an_openai_file_answer_in_its_shape():
         "{also not json",
         '{"custom_id": "r-9", "method": "POST", "url": "/v1/completions", "body": {"n": NaN}}',
         {"text": "a native record still runs"},
+        {"id": "n-1", "text": "a", "parameters": {"bogus": 1}},
     )
     assert recs[0].openai is None  # before the first request line: a native error line
     assert recs[2].openai == Request() and recs[2].code == "invalid_json"
     assert recs[3].openai.custom_id == "r-9" and recs[3].code == "invalid_json"
     assert isinstance(recs[4], Record) and recs[4].openai is None
+    # a native line with an id: its error line is native, with its id
+    assert recs[5].openai is None and recs[5].id == "n-1" and recs[5].code == "invalid_parameter"
 
 
 def test_results_are_valid_chat_completion_and_text_completion_bodies():
@@ -167,3 +191,12 @@ def test_the_readmes_openai_line_is_a_chat_request():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     shown = [x for x in readme.splitlines() if x.startswith('{"custom_id"')]
     assert shown and all(isinstance(r, Record) and r.task == "chat" for r in parse(*shown))
+
+
+def test_the_readmes_json_schema_line_is_a_structured_record():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (shown,) = [x for x in readme.splitlines() if '"json_schema"' in x and x.startswith("{")]
+    (rec,) = parse(shown)
+    assert isinstance(rec, Record) and rec.params["json_schema"]["required"] == ["deep"]

@@ -105,3 +105,20 @@ def test_defaults_apply_and_record_parameters_win():
 )
 def test_split_lines_tolerates_crlf_and_a_trailing_newline(body, n):
     assert expected_lines(body) == n
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ("{}", "must be a JSON Schema (an object)"),
+        ({"type": "nope"}, "is not a valid JSON Schema"),
+        ({"type": "object", "required": "ok"}, "is not a valid JSON Schema"),
+        ({"type": "integer", "minimum": "1"}, "is not a valid JSON Schema"),
+        ({"properties": {"a": {"$ref": "https://example.com/s.json"}}}, "refers outside itself"),
+    ],
+)
+def test_a_json_schema_its_metaschema_refuses_is_that_records_error(schema, why):
+    body = json.dumps({"id": 1, "text": "hi", "parameters": {"json_schema": schema}}).encode()
+    (rec,) = parse_body(body, None, DEFAULTS)
+    assert isinstance(rec, BadRecord) and rec.code == "invalid_parameter" and rec.has_id
+    assert why in rec.message
