@@ -3,9 +3,26 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import IO
+
+from .prices import job_cost
+
+# a result line's token usage, as `serve` writes it (native lines and OpenAI bodies alike)
+USAGE = re.compile(rb'"prompt_tokens":\s*(\d+),\s*"completion_tokens":\s*(\d+)')
+
+
+@dataclass
+class Counts:
+    """What one output file holds: lines, error lines, and the tokens its results used."""
+
+    records: int = 0
+    error_lines: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
 
 
 def report_key(output_uri: str, success: bool) -> str:
@@ -26,22 +43,25 @@ def parse_manifest(body: bytes) -> tuple[str, list[str]]:
     return doc[0]["prefix"], [k for k in doc[1:] if isinstance(k, str)]
 
 
-def count_lines(chunks: Iterable[bytes], failed: IO[bytes] | None = None) -> tuple[int, int]:
-    """(output lines, error lines) of a .out file, streamed: memory stays one chunk.
+def count_lines(chunks: Iterable[bytes], failed: IO[bytes] | None = None) -> Counts:
+    """Lines, error lines and token usage of a .out file, streamed: memory stays one chunk.
 
     `failed` receives the error lines that answer OpenAI batch request lines (they carry a
     `custom_id`): the file OpenAI calls the batch's error file.
     """
-    lines = errors = 0
+    counts = Counts()
     tail = b""
 
     def see(line: bytes) -> None:
-        nonlocal lines, errors
-        lines += 1
+        counts.records += 1
         if b'"error":{' in line or b'"error": {' in line:
-            errors += 1
+            counts.error_lines += 1
             if failed is not None and b'"custom_id":' in line:
                 failed.write(line + b"\n")
+        used = USAGE.search(line)
+        if used:
+            counts.input_tokens += int(used[1])
+            counts.output_tokens += int(used[2])
 
     for chunk in chunks:
         parts = (tail + chunk).split(b"\n")
@@ -51,7 +71,7 @@ def count_lines(chunks: Iterable[bytes], failed: IO[bytes] | None = None) -> tup
                 see(line)
     if tail:
         see(tail)
-    return lines, errors
+    return counts
 
 
 def errors_key(out_key: str) -> str:
@@ -86,18 +106,28 @@ def duration_s(detail: dict) -> float | None:
     return None
 
 
-def success_report(detail: dict, inputs: list[str], files: list[dict]) -> dict:
+def success_report(
+    detail: dict, inputs: list[str], files: list[dict], price_per_hour: str = ""
+) -> dict:
+    """_SUCCESS.json: the inputs, each output's counts, and the job's sums, time and cost."""
+    seconds = duration_s(detail)
+    resources = detail.get("TransformResources") or {}
+    count = resources.get("InstanceCount") or 1
+    instance_seconds = None if seconds is None else round(seconds * count, 3)
     return {
         "job": detail["TransformJobName"],
         "status": detail["TransformJobStatus"],
         "model": detail.get("ModelName"),
         "inputs": inputs,
         "outputs": files,
-        "records": sum(f["records"] for f in files),
-        "error_lines": sum(f["error_lines"] for f in files),
+        **{k: sum(f.get(k, 0) for f in files) for k in asdict(Counts())},
         "started": _iso(detail.get("TransformStartTime")),
         "ended": _iso(detail.get("TransformEndTime")),
-        "duration_s": duration_s(detail),
+        "duration_s": seconds,
+        "instance_type": resources.get("InstanceType"),
+        "instance_count": count,
+        "instance_seconds": instance_seconds,
+        "cost": job_cost(resources.get("InstanceType"), instance_seconds, price_per_hour),
     }
 
 

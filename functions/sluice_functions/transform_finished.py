@@ -1,7 +1,8 @@
 """transform_finished: SageMaker Transform Job State Change -> _SUCCESS.json / _FAILURE.json.
 
-Completed: a summary beside the outputs (inputs, outputs with record and error-line counts,
-duration), and for OpenAI batch inputs the failed requests copied to `<input>.errors.jsonl`.
+Completed: a summary beside the outputs (inputs, outputs with record, error-line and token
+counts, the job's sums, duration, instance-seconds and cost), EMF metrics of the same, and
+for OpenAI batch inputs the failed requests copied to `<input>.errors.jsonl`.
 Failed or Stopped: the FailureReason and the input keys (from the claims table when the manifest
 cannot be read), and an SNS notification.
 SageMaker may deliver the same event twice: the report is written only if absent, so the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import asdict
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
@@ -23,6 +25,7 @@ from botocore.exceptions import ClientError
 from . import claims
 from .aws import client, error_code
 from .reports import (
+    Counts,
     count_lines,
     duration_s,
     errors_key,
@@ -38,6 +41,14 @@ from .reports import (
 logger = Logger()
 metrics = Metrics()
 FINAL = {"Completed", "Failed", "Stopped"}
+# per completed job: metric name, _SUCCESS.json field, unit
+JOB_METRICS = (
+    ("Records", "records", MetricUnit.Count),
+    ("ErrorLines", "error_lines", MetricUnit.Count),
+    ("InputTokens", "input_tokens", MetricUnit.Count),
+    ("OutputTokens", "output_tokens", MetricUnit.Count),
+    ("InstanceSeconds", "instance_seconds", MetricUnit.Seconds),
+)
 
 
 def input_keys(detail: dict) -> tuple[str, list[str]]:
@@ -65,13 +76,8 @@ def output_counts(output_uri: str, prefix: str, keys: list[str]) -> list[dict]:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"]
             # spooled: a large error file goes to /tmp, not into the function's memory
             with tempfile.SpooledTemporaryFile(max_size=8 << 20) as failed:
-                records, errors = count_lines(body.iter_chunks(1 << 20), failed)
-                entry = {
-                    "input": prefix + rel,
-                    "output": f"s3://{bucket}/{key}",
-                    "records": records,
-                    "error_lines": errors,
-                }
+                counts = count_lines(body.iter_chunks(1 << 20), failed)
+                entry = {"input": prefix + rel, "output": f"s3://{bucket}/{key}", **asdict(counts)}
                 if failed.tell():
                     failed.seek(0)
                     s3.upload_fileobj(failed, bucket, errors_key(key))
@@ -82,8 +88,7 @@ def output_counts(output_uri: str, prefix: str, keys: list[str]) -> list[dict]:
                 {
                     "input": prefix + rel,
                     "output": None,
-                    "records": 0,
-                    "error_lines": 0,
+                    **asdict(Counts()),
                     "missing": error_code(e),
                 }
             )
@@ -128,12 +133,14 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
         extra = {"inputs_from": "claims (the job's manifest could not be read)"}
     if status == "Completed":
         files = output_counts(output_uri, prefix, keys)
-        report = success_report(detail, inputs, files)
+        price = os.environ.get("TRANSFORM_PRICE_PER_HOUR", "")
+        report = success_report(detail, inputs, files, price)
         key = report_key(output_uri, True)
         wrote = write_once(output_uri, key, report)
         metrics.add_metric("JobsCompleted", MetricUnit.Count, int(wrote))
-        metrics.add_metric("Records", MetricUnit.Count, report["records"] if wrote else 0)
-        metrics.add_metric("ErrorLines", MetricUnit.Count, report["error_lines"] if wrote else 0)
+        # a duplicate event adds zeros: each job's figures count once
+        for name, field, unit in JOB_METRICS:
+            metrics.add_metric(name, unit, (report[field] or 0) if wrote else 0)
     else:
         report = failure_report(
             name,

@@ -113,6 +113,14 @@ def test_uploads_become_predictions_beside_a_success_report(local, champion):
     errors = files["batch.jsonl"][1]["errors"].split("/", 3)[3]
     assert errors == out.removesuffix(".out") + ".errors.jsonl"
     assert [json.loads(x)["custom_id"] for x in users.read(errors).splitlines()] == ["c-2"]
+    # usage: each output's tokens are its lines' usage, each job's the sum, priced per instance
+    for report, f in files.values():
+        got = [json.loads(x) for x in users.read(f["output"].split("/", 3)[3]).splitlines()]
+        used = [x.get("usage") or x.get("response", {}).get("body", {}).get("usage") for x in got]
+        assert f["input_tokens"] == sum(u["prompt_tokens"] for u in used if u) > 0
+        assert f["output_tokens"] == sum(u["completion_tokens"] for u in used if u) > 0
+        assert report["input_tokens"] == sum(x["input_tokens"] for x in report["outputs"])
+        assert report["instance_seconds"] > 0 and report["cost"]["usd"] > 0, report
 
 
 def test_a_failing_file_gets_a_failure_report_and_a_notification(local, champion):

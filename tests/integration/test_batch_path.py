@@ -11,6 +11,7 @@ from botocore.exceptions import ClientError
 from moto import mock_aws
 
 from sluice.openai_batch import Request, output_line
+from sluice_functions.prices import TRANSFORM_USD_PER_HOUR
 from tests.helpers import LambdaContext as Context
 from tests.helpers import lambda_env, template_resource
 
@@ -376,14 +377,29 @@ def started_job(aws) -> dict:
 DONE = {"finish_reason": "length", "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
 
 
-def test_completed_job_gets_a_success_report_once(aws):
+def used(prompt: int, completion: int) -> str:
+    return json.dumps(
+        {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+        separators=(",", ":"),
+    )
+
+
+def test_completed_job_gets_a_success_report_once(aws, capfd):
     job = started_job(aws)
     out = job["TransformOutput"]["S3OutputPath"]
     prefix = out.split("/", 3)[3]
     aws["s3"].put_object(
         Bucket=BUCKET,
         Key=f"{prefix}p/a.jsonl.out",  # its input path below incoming/
-        Body=b'{"id":0}\n{"id":1,"error":{"code":"x","message":"y"}}\n{"id":2}\n',
+        Body=(
+            f'{{"id":0,"generated_text":"a","usage":{used(4, 3)}}}\n'
+            '{"id":1,"error":{"code":"x","message":"y"}}\n'
+            f'{{"id":2,"generated_text":"b","usage":{used(5, 2)}}}\n'
+        ).encode(),
     )
     # b.jsonl held OpenAI batch requests: its failed one is copied to OpenAI's error file
     ok = output_line(Request("r-1", "/v1/completions"), {"generated_text": "x", **DONE})
@@ -395,6 +411,20 @@ def test_completed_job_gets_a_success_report_once(aws):
     report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())
     assert (report["records"], report["error_lines"], report["duration_s"]) == (5, 2, 600.0)
     assert [f["records"] for f in report["outputs"]] == [3, 2]
+    # token usage summed per output and per job (the OpenAI line's usage is DONE's 1 + 1)
+    assert [f["input_tokens"] for f in report["outputs"]] == [9, 1]
+    assert (report["input_tokens"], report["output_tokens"]) == (10, 6)
+    kind, count = (
+        job["TransformResources"]["InstanceType"],
+        job["TransformResources"]["InstanceCount"],
+    )
+    assert (report["instance_type"], report["instance_seconds"]) == (kind, 600.0 * count)
+    cost = report["cost"]
+    assert cost["usd"] == round(600 * count / 3600 * TRANSFORM_USD_PER_HOUR[kind], 6) > 0
+    emf = capfd.readouterr().out
+    for metric in ('"Records":[5.0]', '"ErrorLines":[2.0]', '"InputTokens":[10.0]'):
+        assert metric in emf, emf  # one EMF document per job, with its figures
+    assert '"OutputTokens":[6.0]' in emf and f'"InstanceSeconds":[{600.0 * count}]' in emf
     errors = f"{prefix}p/b.jsonl.errors.jsonl"
     assert [f.get("errors") for f in report["outputs"]] == [None, f"s3://{BUCKET}/{errors}"]
     lines = aws["s3"].get_object(Bucket=BUCKET, Key=errors)["Body"].read().splitlines()

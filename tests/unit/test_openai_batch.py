@@ -177,7 +177,7 @@ def test_the_failed_requests_of_an_output_are_its_error_file():
     body = "\n".join(json.dumps(x, separators=(",", ":")) for x in (ok, bad, native_error)).encode()
     failed = io.BytesIO()
     chunks = [body[i : i + 7] for i in range(0, len(body), 7)]
-    assert count_lines(chunks, failed) == (3, 2)
+    assert count_lines(chunks, failed).error_lines == 2
     assert [json.loads(x)["custom_id"] for x in failed.getvalue().splitlines()] == ["b"]
     assert (
         errors_key("outputs/j/team-a/batch.jsonl.out")

@@ -1,4 +1,5 @@
-from sluice_functions.reports import count_lines, duration_s, report_key, success_report
+from sluice_functions.prices import TRANSFORM_USD_PER_HOUR, job_cost
+from sluice_functions.reports import Counts, count_lines, duration_s, report_key, success_report
 
 
 def test_report_keys_sit_beside_the_outputs():
@@ -10,8 +11,32 @@ def test_report_keys_sit_beside_the_outputs():
 def test_line_counts_stream_across_chunk_boundaries():
     body = b'{"a":1}\n{"id":2,"error":{"code":"x"}}\n{"b":3}\n'
     chunks = [body[i : i + 5] for i in range(0, len(body), 5)]
-    assert count_lines(chunks) == (3, 1)
-    assert count_lines([b'{"a":1}\n{"error": {"code": 1}}']) == (2, 1)
+    assert count_lines(chunks) == Counts(records=3, error_lines=1)
+    assert count_lines([b'{"a":1}\n{"error": {"code": 1}}']) == Counts(2, 1)
+
+
+def test_token_usage_is_summed_from_native_and_openai_lines_across_chunks():
+    native = b'{"id":1,"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}'
+    openai = (
+        b'{"custom_id":"a","response":{"status_code":200,"body":{"usage":'
+        b'{"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}}},"error":null}'
+    )
+    body = b"\n".join([native, openai, b'{"id":2,"error":{"code":"too_long"}}'])
+    chunks = [body[i : i + 9] for i in range(0, len(body), 9)]
+    assert count_lines(chunks) == Counts(3, 1, input_tokens=19, output_tokens=35)
+
+
+def test_a_jobs_cost_is_its_instance_seconds_at_the_tables_price_or_the_override():
+    hour = job_cost("ml.g5.xlarge", 3600.0)
+    assert hour == {
+        "usd": TRANSFORM_USD_PER_HOUR["ml.g5.xlarge"],
+        "usd_per_hour": TRANSFORM_USD_PER_HOUR["ml.g5.xlarge"],
+        "price": hour["price"],
+    }
+    assert job_cost("ml.g5.xlarge", 1800.0, "2.5")["usd"] == 1.25
+    unknown = job_cost("ml.x9.huge", 60.0)
+    assert unknown["usd"] is None and "TransformPricePerHour" in unknown["price"]
+    assert job_cost("ml.x9.huge", 60.0, "oops")["usd"] is None  # a bad override is not a price
 
 
 def test_success_report_from_the_event_detail():
@@ -25,6 +50,10 @@ def test_success_report_from_the_event_detail():
     files = [{"records": 3, "error_lines": 1}, {"records": 2, "error_lines": 0}]
     r = success_report(detail, ["s3://b/incoming/a"], files)
     assert (r["records"], r["error_lines"], r["duration_s"]) == (5, 1, 90.5)
+    assert r["instance_count"] == 1 and r["cost"]["usd"] is None  # no instance type: no price
+    detail["TransformResources"] = {"InstanceType": "ml.g4dn.xlarge", "InstanceCount": 2}
+    r = success_report(detail, [], files, price_per_hour="1.0")
+    assert (r["instance_seconds"], r["cost"]["usd"]) == (181.0, round(181 / 3600, 6))
     assert duration_s({}) is None
 
 
