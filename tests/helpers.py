@@ -280,3 +280,28 @@ class LocalUp:
 
     def execution(self, name_prefix: str) -> dict:
         return self.users.finished_execution(name_prefix)
+
+
+def tiny_llama(folder: Path, tokenizer_from: Path, heads: int = 4) -> Path:
+    """A Llama-architecture model (random weights) with a trained tokenizer: the base to adapt.
+    vLLM's CPU attention needs heads of 32+ dimensions: heads=2 for a model that is served."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_from)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -19,6 +19,7 @@ import concurrent.futures
 import logging
 import math
 import os
+import tempfile
 import threading
 import time
 import uuid
@@ -255,10 +256,14 @@ class VllmEngine:
         config: EngineConfig,
         adapter: Adapter | None = None,
         batch: bool = False,
+        adapters: dict[str, Adapter] | None = None,
     ):
         self.tok, self.context, self.config, self.batch = tok, context, config, batch
         self.eos = tok.eos_token_id
         self.lora = None  # the LoRARequest every record runs with (lora_merge=false models)
+        self.adapters = adapters or {}  # named adapters a record picks (multi-LoRA)
+        self.loras: dict = {}  # adapter name -> its LoRARequest
+        self._identity = None  # the zero adapter's folder (see lora.identity_adapter)
         self.failed: str | None = None  # why the engine died, once it has
         self.adapter = adapter
         self.loop = asyncio.new_event_loop()
@@ -283,12 +288,29 @@ class VllmEngine:
         if cuda:
             heads = _heads(AutoConfig.from_pretrained(model_dir))
             tp = tensor_parallel(torch.cuda.device_count(), heads)
+        if self.adapter is None and self.adapters:  # base records get the zero adapter
+            from .lora import identity_adapter
+
+            self._identity = tempfile.TemporaryDirectory(prefix="sluice-identity-")
+            first = next(iter(self.adapters.values()))
+            self.adapter = Adapter(
+                identity_adapter(first.path, Path(self._identity.name)), first.rank
+            )
         lora = {}
-        if self.adapter is not None:
+        every = [*([self.adapter] if self.adapter else []), *self.adapters.values()]
+        if every:
             from vllm.lora.request import LoRARequest
 
-            lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": self.adapter.slot}
-            self.lora = LoRARequest("sluice", 1, str(self.adapter.path))
+            lora = {
+                "enable_lora": True,
+                # adapters in one step (vLLM's slots); the rest wait in its CPU cache
+                "max_loras": min(len(every), MAX_LORAS),
+                "max_cpu_loras": len(every),
+                "max_lora_rank": max(a.slot for a in every),
+            }
+            self.lora = LoRARequest("sluice", 1, str(self.adapter.path)) if self.adapter else None
+            for i, (name, a) in enumerate(self.adapters.items(), start=2):
+                self.loras[name] = LoRARequest(name, i, str(a.path))
         args = AsyncEngineArgs(
             model=model_dir,
             dtype=dtype,
@@ -326,8 +348,22 @@ class VllmEngine:
             args.tensor_parallel_size,
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
-            f", LoRA adapter {self.adapter.path} (rank {self.adapter.rank})" if self.lora else "",
+            f", LoRA adapter {self.adapter.path} (rank {self.adapter.rank})"
+            if self.lora and self._identity is None
+            else "",
         )
+        if self.adapters:
+            log.info(
+                "%d LoRA adapters a record may name: %s",
+                len(self.adapters),
+                ", ".join(f"{n} (rank {a.rank})" for n, a in self.adapters.items()),
+            )
+        for name, req in self.loras.items():  # loaded now: a broken adapter fails the start
+            try:
+                await llm.add_lora(req)
+            except Exception as e:
+                llm.shutdown()
+                raise SluiceError(f"adapter {name!r} ({req.lora_path}) does not load: {e}") from e
         return llm
 
     def close(self) -> None:
@@ -388,10 +424,11 @@ class VllmEngine:
         self._fail(f"{type(e).__name__}: {e}")
         return True
 
-    async def _final(self, ids: list[int], params):
+    async def _final(self, ids: list[int], params, rec: Record):
+        lora = self.loras[rec.adapter] if rec.adapter is not None else self.lora
         last = None
         async for out in self.llm.generate(
-            {"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex, lora_request=self.lora
+            {"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex, lora_request=lora
         ):
             last = out
         return last
@@ -406,7 +443,7 @@ class VllmEngine:
 
         params = sampling_params(job.record, 1)
         parts = windows(job.ids, self.context - 1)
-        outs = await asyncio.gather(*(self._final(w, params) for w, _ in parts))
+        outs = await asyncio.gather(*(self._final(w, params, job.record) for w, _ in parts))
         steps = []
         for (w, first), out in zip(parts, outs, strict=True):
             steps += [out.prompt_logprobs[i][w[i]].logprob for i in range(first, len(w))]
@@ -414,7 +451,9 @@ class VllmEngine:
 
     async def _complete(self, job: Job) -> dict:
         rec = job.record
-        out = await self._final(job.ids, sampling_params(rec, self.config.default_max_new_tokens))
+        out = await self._final(
+            job.ids, sampling_params(rec, self.config.default_max_new_tokens), rec
+        )
         if rec.task == "next_token":
             top = sorted(out.outputs[0].logprobs[0].items(), key=lambda kv: kv[1].rank)
             k = rec.params.get("top_k", 5)
@@ -483,11 +522,15 @@ def score_result(job: Job, s, tok) -> dict:
 
 # vLLM sizes its LoRA slots to one of these ranks (LoRAConfig.max_lora_rank)
 LORA_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# adapters applied in one engine step (vLLM's max_loras; more wait in its CPU cache): each slot
+# holds max_lora_rank-sized weights for every adapted layer
+MAX_LORAS = int(os.environ.get("SLUICE_MAX_LORAS", "8"))
 
 
 @dataclass
 class Adapter:
-    """An unmerged LoRA adapter (lora_merge=false) that vLLM applies to every record."""
+    """A LoRA adapter vLLM applies: the unmerged one (lora_merge=false) to every record, or a
+    named one (`adapters/<name>/`) to the records that ask for it."""
 
     path: Path
     rank: int

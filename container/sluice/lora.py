@@ -4,6 +4,7 @@ when the model is published (serving, export and monitoring see an ordinary chec
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 from .errors import SluiceError
@@ -97,3 +98,50 @@ def merge_adapter(model, adapter: Path):
 
     log.info("merging the LoRA adapter %s into the base weights", adapter)
     return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+
+
+ADAPTERS_DIR = "adapters"
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # what a record's `adapter` can name
+
+
+def named_adapters(model_dir: Path) -> dict[str, Path]:
+    """The named LoRA adapters a model artifact carries: `adapters/<name>/`, each a PEFT
+    adapter folder (adapter_config.json and its weights), for records to pick by name."""
+    root = Path(model_dir) / ADAPTERS_DIR
+    if not root.is_dir():
+        return {}
+    found = {}
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not ADAPTER_NAME.fullmatch(d.name):
+            raise SluiceError(
+                f"{d}: an adapter's folder name is its name in records: 1-64 of A-Z a-z 0-9 _ . -"
+            )
+        if not (d / "adapter_config.json").is_file():
+            raise SluiceError(f"{d}: no adapter_config.json (save adapters with PEFT)")
+        found[d.name] = d
+    return found
+
+
+def identity_adapter(like: Path, out: Path) -> Path:
+    """An adapter shaped like `like` with all weights zero: it changes nothing.
+
+    vLLM 0.32's CPU build applies the wrong adapter to a record without one when records with
+    adapters share its batch (measured: a base record got another record's adapter); the base
+    records of a multi-adapter model run with this one instead, so every record has its own.
+    """
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(like / "adapter_config.json", out / "adapter_config.json")
+    weights = like / "adapter_model.safetensors"
+    if weights.is_file():
+        save_file(
+            {k: torch.zeros_like(v) for k, v in load_file(weights).items()}, out / weights.name
+        )
+    else:  # PEFT's older format
+        state = torch.load(like / "adapter_model.bin", map_location="cpu", weights_only=True)
+        torch.save({k: torch.zeros_like(v) for k, v in state.items()}, out / "adapter_model.bin")
+    return out

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "generate"}
-NATIVE_FIELDS = ("text", "inputs", "messages", "task", "parameters")
+NATIVE_FIELDS = ("text", "inputs", "messages", "task", "parameters", "adapter")
 # body fields taken per url (OpenAI's names); any other is that line's error
 COMMON_FIELDS = ("model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "user")
 CHAT_FIELDS = (*COMMON_FIELDS, "messages", "max_completion_tokens", "logprobs", "top_logprobs")

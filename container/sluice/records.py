@@ -79,6 +79,7 @@ class Record:
     has_id: bool = False
     messages: list[dict] | None = None  # chat: [{"role": ..., "content": ...}, ...]
     openai: openai_batch.Request | None = None  # an OpenAI batch line: its output is one too
+    adapter: str | None = None  # the named LoRA adapter it runs with (None: the model as served)
 
     @property
     def generates(self) -> bool:
@@ -101,6 +102,7 @@ class Defaults:
 
     task: str = "generate"
     params: dict[str, dict] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()  # the named LoRA adapters a record may pick (`adapter`)
 
 
 def media_type(content_type: str | None) -> str:
@@ -194,6 +196,12 @@ def make_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
         return bad("invalid_text", '"text" must be a string of Unicode characters')
     elif not text.strip():
         return bad("empty_text", '"text" is empty')
+    adapter = obj.get("adapter")
+    if adapter is not None and not isinstance(adapter, str):
+        return bad("invalid_record", '"adapter" must be a string: the name of one of the adapters')
+    if adapter is not None and adapter not in defaults.adapters:
+        there = ", ".join(defaults.adapters) or "none"
+        return bad("unknown_adapter", f"no adapter {adapter!r} in this model (adapters: {there})")
     params = obj.get("parameters", {})
     if not isinstance(params, dict):
         return bad("invalid_parameters", '"parameters" must be a JSON object')
@@ -214,7 +222,7 @@ def make_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecord:
                 "invalid_parameter",
                 "several generations need sampling: set temperature > 0 (or do_sample true)",
             )
-    return Record(index, text, task, merged, rid, has_id, messages)
+    return Record(index, text, task, merged, rid, has_id, messages, adapter=adapter)
 
 
 def _check_messages(messages: Any) -> str | None:
@@ -275,6 +283,8 @@ def decode_record(index: int, obj: Any, defaults: Defaults) -> Record | BadRecor
     if body.get("temperature") is None:  # OpenAI's default is 1; vLLM's the model's, else 1
         t = defaults.params.get("generate", {}).get("temperature", 1.0)
         fields["parameters"].update(temperature=t, do_sample=t > 0)
+    if body.get("model") in defaults.adapters:  # `model` names an adapter: its records use it
+        fields["adapter"] = body["model"]
     rec = make_record(index, {"task": task, **fields}, defaults)
     rec.openai = req
     if isinstance(rec, BadRecord):

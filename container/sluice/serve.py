@@ -45,7 +45,7 @@ from .engine import (
     vllm_adapter,
 )
 from .errors import SluiceError
-from .lora import unmerged_adapter
+from .lora import merge_adapter, named_adapters, unmerged_adapter
 from .model import (
     check_causal,
     context_length,
@@ -202,7 +202,8 @@ class State:
         self.device = pick_device()
         self.gpus = torch.cuda.device_count() if self.device.type == "cuda" else 0
         self.engine: VllmEngine | None = None
-        self.scorer: Batcher | None = None  # torch scoring (CPU default), loaded on first use
+        # torch scoring (CPU default), loaded on first use: one per adapter (None: as served)
+        self.scorers: dict[str | None, Batcher] = {}
         self._scorer_lock = threading.Lock()
         self.tok = None
         self.context = 0
@@ -238,6 +239,22 @@ class State:
                     "or a rank above 512): serving it merged into a copy of the base (%s)",
                     served,
                 )
+        adapters = {}
+        named = named_adapters(self.model_dir)
+        if named and lora is not None:
+            raise SluiceError(
+                f"{self.model_dir}: a model published with lora_merge=false carries its own "
+                "adapter; named adapters (adapters/) go on a plain base model"
+            )
+        for name, path in named.items():
+            adapters[name] = vllm_adapter(self.model_dir, path)
+            if adapters[name] is None:  # no merged fallback: each would need its own model
+                raise SluiceError(
+                    f"{path}: vLLM cannot apply LoRA adapters to this model (no LoRA support for "
+                    "its architecture, or a rank above 512); serve each adapter merged into its "
+                    "own model instead"
+                )
+        self.defaults.adapters = tuple(adapters)
         self.engine = VllmEngine(
             served,
             self.tok,
@@ -246,10 +263,17 @@ class State:
             self.config,
             adapter,
             batch=self.batch,
+            adapters=adapters,
         )
         self.score_engine = os.environ.get("SLUICE_SCORE_ENGINE") or (
             "vllm" if self.gpus else "torch"
         )
+        if self.score_engine == "vllm" and (adapters or adapter is not None):
+            # vLLM 0.32's prompt log-probs with LoRA on crash its engine once a scored record
+            # shares a step with others (einsum shape error in add_lora_logits; measured on the
+            # CPU build): with adapters, scoring runs in torch, each adapter merged into a copy
+            log.warning("LoRA adapters are served: scoring runs in torch, not vLLM")
+            self.score_engine = "torch"
         if self.score_engine == "torch" and self.defaults.task == "score":
             self.torch_scorer()
         self.ready.set()
@@ -263,32 +287,37 @@ class State:
             self.score_engine,
         )
 
-    def torch_scorer(self) -> Batcher:
-        """The Hugging Face model for torch scoring, loaded once, on first use."""
+    def torch_scorer(self, adapter: str | None = None) -> Batcher:
+        """The Hugging Face model for torch scoring (with the named `adapter` merged into a copy
+        of the base), loaded once, on first use."""
         with self._scorer_lock:
-            if self.scorer is None:
+            if adapter not in self.scorers:
                 model, tok = load_model(self.model_dir, dtype=pick_dtype(self.device))
+                if adapter is not None:
+                    model = merge_adapter(model, self.engine.adapters[adapter].path)
                 model.to(self.device)
                 wait_ms = float(os.environ.get("SLUICE_BATCH_WAIT_MS", "5"))
                 scorer = TorchScorer(model, tok, self.context, self.config)
-                self.scorer = Batcher(scorer, max_wait_s=wait_ms / 1000)
-            return self.scorer
+                self.scorers[adapter] = Batcher(scorer, max_wait_s=wait_ms / 1000)
+            return self.scorers[adapter]
 
     def submit(self, jobs: list[Job]) -> list[concurrent.futures.Future]:
         """Start every job; one future per job (torch scoring: one shared by its batch)."""
-        futures: list[concurrent.futures.Future] = []
-        by_torch = [j for j in jobs if j.record.task == "score" and self.score_engine == "torch"]
-        shared = self.torch_scorer().submit(by_torch) if by_torch else None
+        by_torch: dict[str | None, list[Job]] = {}  # torch scoring: a batch per adapter
         for j in jobs:
-            if shared is not None and j.record.task == "score":
-                futures.append(shared)
-            else:
-                futures.append(self.engine.submit(j))
-        return futures
+            if j.record.task == "score" and self.score_engine == "torch":
+                by_torch.setdefault(j.record.adapter, []).append(j)
+        shared = {a: self.torch_scorer(a).submit(group) for a, group in by_torch.items()}
+        return [
+            shared[j.record.adapter]
+            if j.record.task == "score" and self.score_engine == "torch"
+            else self.engine.submit(j)
+            for j in jobs
+        ]
 
     def close(self) -> None:
-        if self.scorer is not None:
-            self.scorer.close()
+        for scorer in self.scorers.values():
+            scorer.close()
         if self.engine is not None:
             self.engine.close()
         if self._merged is not None:

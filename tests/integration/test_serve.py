@@ -286,7 +286,7 @@ def test_a_dead_engine_fails_its_records_and_the_server_exits_1(trained):
 def test_a_model_the_cpu_engine_cannot_run_is_refused_at_start(tmp_path, trained):
     """A Llama with 16-dimensional heads: vLLM's CPU attention runs 32-512, and vLLM would
     start, answer /ping, then fail every record. serve exits 1 and says why instead."""
-    from tests.integration.test_train import tiny_llama
+    from tests.helpers import tiny_llama
 
     model = tiny_llama(tmp_path / "narrow-heads", trained["model"], heads=4)  # 64 / 4 = 16
     args = ["serve", "--model-dir", str(model), "--host", "127.0.0.1"]

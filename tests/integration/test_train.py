@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.helpers import Server, hp, read_json, run_sluice, sets, train_losses
+from tests.helpers import Server, hp, read_json, run_sluice, sets, tiny_llama, train_losses
 
 MODEL_FILES = {
     "config.json",
@@ -480,30 +480,6 @@ def test_a_tokenizer_larger_than_the_embedding_is_fitted_before_the_first_step(
     )
     assert AutoConfig.from_pretrained(out / "model").vocab_size == rows + 2
     assert read_json(out / "model" / "evaluation.json")["challenger"]["records"] > 0
-
-
-def tiny_llama(folder: Path, tokenizer_from: Path, heads: int = 4) -> Path:
-    """A Llama-architecture model (random weights) with a trained tokenizer: the base to adapt.
-    vLLM's CPU attention needs heads of 32+ dimensions: heads=2 for a model that is served."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_from)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=heads,
-        num_key_value_heads=heads // 2,
-        max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 def test_lora_fine_tunes_a_llama_that_reloads_with_plain_transformers_and_beats_its_base(

@@ -200,3 +200,19 @@ def test_the_readmes_json_schema_line_is_a_structured_record():
     (shown,) = [x for x in readme.splitlines() if '"json_schema"' in x and x.startswith("{")]
     (rec,) = parse(shown)
     assert isinstance(rec, Record) and rec.params["json_schema"]["required"] == ["deep"]
+
+
+def test_a_record_picks_a_named_adapter_and_an_openai_line_by_its_model():
+    with_adapters = Defaults(adapters=("legal", "support-v2"))
+    native, openai, other_model, unknown = parse(
+        {"id": 1, "text": "a", "adapter": "legal"},
+        line("/v1/completions", prompt="a", model="support-v2"),
+        line("/v1/completions", prompt="a", model="gpt-4o-mini"),  # not an adapter: the model
+        {"id": 2, "text": "a", "adapter": "nope"},
+        defaults=with_adapters,
+    )
+    assert native.adapter == "legal" and openai.adapter == "support-v2"
+    assert other_model.adapter is None and other_model.openai.model == "gpt-4o-mini"
+    assert unknown.code == "unknown_adapter" and "legal, support-v2" in unknown.message
+    (none,) = parse({"text": "a", "adapter": "legal"})  # a model without adapters
+    assert none.code == "unknown_adapter" and "none" in none.message
