@@ -139,8 +139,8 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
         wrote = write_once(output_uri, key, report)
         metrics.add_metric("JobsCompleted", MetricUnit.Count, int(wrote))
         # a duplicate event adds zeros: each job's figures count once
-        for name, field, unit in JOB_METRICS:
-            metrics.add_metric(name, unit, (report[field] or 0) if wrote else 0)
+        for metric, field, unit in JOB_METRICS:
+            metrics.add_metric(metric, unit, (report[field] or 0) if wrote else 0)
     else:
         report = failure_report(
             name,

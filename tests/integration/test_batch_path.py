@@ -408,6 +408,7 @@ def test_completed_job_gets_a_success_report_once(aws, capfd):
     aws["s3"].put_object(Bucket=BUCKET, Key=f"{prefix}p/b.jsonl.out", Body=body.encode())
     first = finished(state_change(job, "Completed"))
     assert first["written"] is True and first["report"] == f"{prefix}_SUCCESS.json"
+    assert first["job"] == job["TransformJobName"] and first["status"] == "Completed"
     report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())
     assert (report["records"], report["error_lines"], report["duration_s"]) == (5, 2, 600.0)
     assert [f["records"] for f in report["outputs"]] == [3, 2]
