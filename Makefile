@@ -62,9 +62,11 @@ demo: setup
 
 # Two pytest-xdist workers: most of the suite's time is single-threaded (process start-up,
 # imports, moto), so two of them keep both cores busy. A module's tests stay on one worker and
-# share its fixtures (tests/conftest.py). TEST_WORKERS=0 runs in one process.
+# share its fixtures (tests/conftest.py). Groups go out in collection order, the long e2e modules
+# first (xdist's default reorders them by test count, which left the longest for last).
+# TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
 test: setup $(SDK_VENV)/.installed
