@@ -239,6 +239,9 @@ def cmd_up(args) -> int:
     if args.ready_file:
         args.ready_file.write_text(json.dumps({"endpoint": stack.url, **stack.status()}))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Ctrl-C stops it even when started in the background of a script (`sluice-local up &`),
+    # where the shell starts it with SIGINT ignored and Python then never raises KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         stack.wait_forever()
     finally:
