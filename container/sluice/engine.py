@@ -285,9 +285,9 @@ class VllmEngine:
         if not cuda:
             cpu_defaults()
             # The model runs in the engine core's own process (AsyncLLM always starts one): vLLM's
-            # CPU backend otherwise adds a worker process, another import of torch and vLLM.
-            # Measured (benchmarks/engine_processes.py): ready in 25 s instead of 37, stopped in
-            # 5.6 instead of 7.3, generation 1.09x, one process (~1.7 GB) fewer.
+            # CPU backend otherwise adds a worker process, another import of torch and vLLM
+            # (docs/benchmarks.md: ready 12 s sooner, generation 1.10x, ~1.7 GB less). Here, not in
+            # cpu_defaults: the benchmarks' vLLM-offline baseline keeps vLLM's own default.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             # vLLM then runs torch on one thread in that process unless OMP_NUM_THREADS is given
             os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))

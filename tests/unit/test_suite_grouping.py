@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -41,20 +42,10 @@ def test_make_tests_workers_keep_a_module_and_a_named_group_together(tmp_path):
     for name, mark in marks.items():
         (suite / f"{name}.py").write_text(TEST.format(mark=mark))
     seen = tmp_path / "seen.jsonl"
-    # the options `make test` passes (Makefile: XDIST)
+    # the options `make test` passes (the Makefile's XDIST), on two workers
+    xdist = re.search(r"-n \$\(TEST_WORKERS\) ([^)]*)\)", (REPO / "Makefile").read_text())
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-n",
-            "2",
-            "--dist",
-            "loadgroup",
-            "--no-loadscope-reorder",
-            "-q",
-            str(suite),
-        ],
+        [sys.executable, "-m", "pytest", "-n", "2", *xdist.group(1).split(), "-q", str(suite)],
         cwd=tmp_path,
         env={**os.environ, "SEEN": str(seen), "PYTHONPATH": str(REPO)},
         capture_output=True,
