@@ -19,6 +19,8 @@ from tests.helpers import Server, free_port, run_sluice, tiny_llama
 NAMES = ["legal", "medical", "support-v2", "tone.casual"]
 PROMPTS = ["The lazy cat eats", "In the desert there is often", "Every horse likes"]
 
+pytestmark = pytest.mark.slow  # a vLLM engine with five LoRA adapters: ~60 s to start
+
 
 def with_adapters(folder: Path, tokenizer_from: Path) -> Path:
     """A tiny Llama with four random (non-zero) LoRA adapters, ranks 8 and 16."""

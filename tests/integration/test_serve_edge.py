@@ -240,6 +240,7 @@ def test_unlimited_payload_streams_chunked_bodies(configured, plain):
     assert status == 413
 
 
+@pytest.mark.slow
 def test_deadline_aborts_what_is_left_and_answers_every_line(configured):
     records = [
         {
@@ -357,6 +358,7 @@ def openai_file(model_name: str) -> list[dict]:
 RUN_BATCH = [sys.executable, "-m", "vllm.entrypoints.openai.run_batch"]
 
 
+@pytest.mark.slow
 def test_an_openai_batch_file_answers_as_vllm_run_batch_does(model, configured, tmp_path):
     """The same file through `vllm run-batch` (the installed vLLM) and through Sluice: the same
     custom_ids and greedy texts, both bodies valid for the openai package's own types."""
@@ -636,6 +638,7 @@ def strict(text: str):
     return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the output"))
 
 
+@pytest.mark.slow
 @settings(max_examples=CASES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=body_strategy, ctype=st.sampled_from([*CTYPES, *[CTYPES[0]] * 3]))  # JSON Lines: half
 def test_any_body_is_answered_line_for_line(configured, body, ctype):

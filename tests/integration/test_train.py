@@ -98,6 +98,7 @@ def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, c
     ).read_text()
 
 
+@pytest.mark.slow
 def test_warm_start_from_the_baseline_channel_publishes_artifacts_to_s3(
     tmp_path, trained, corpus_dir
 ):
@@ -185,6 +186,7 @@ def weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(model_dir / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_trains_the_same_model(tmp_path, corpus_dir):
     """Recomputing activations in the backward pass changes memory, not the arithmetic."""
     runs = {}
@@ -201,6 +203,7 @@ def test_activation_checkpointing_trains_the_same_model(tmp_path, corpus_dir):
         torch.testing.assert_close(weights[name], weights_ckpt[name], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_equals_the_uninterrupted_run(tmp_path, corpus_dir):
     params = hp(max_steps=20, checkpoint_interval=5, dropout=0.1)
     train = ["train", "--train", str(corpus_dir / "train")]
@@ -575,6 +578,7 @@ def test_evaluate_command_scores_several_models_on_the_same_records(trained, cor
     assert only["records"] == 50 and only["perplexity"] > 1
 
 
+@pytest.mark.slow
 def test_lora_merge_false_publishes_the_untouched_base_and_serve_applies_the_adapter(
     tmp_path, trained, corpus_dir
 ):
@@ -633,6 +637,7 @@ def test_lora_merge_false_publishes_the_untouched_base_and_serve_applies_the_ada
     assert moved > 1e-3
 
 
+@pytest.mark.slow
 def test_an_unmerged_adapter_vllm_cannot_apply_is_served_from_a_merged_copy(
     tmp_path, trained, corpus_dir
 ):

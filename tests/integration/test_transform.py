@@ -155,6 +155,7 @@ def test_local_folder_single_record_and_no_split(container, tmp_path):
     assert len((whole / "p.txt.out").read_text().split("\n")) == 2
 
 
+@pytest.mark.slow
 def test_a_failing_file_gets_no_output_and_fails_the_job(trained, tmp_path):
     src = tmp_path / "in"
     src.mkdir()
