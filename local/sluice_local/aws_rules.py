@@ -46,6 +46,9 @@ class World(Protocol):
 
     def function_timeout(self, function: str) -> int | None: ...
 
+    def model_containers(self, model: str) -> list[dict] | None:
+        """A model's container definitions (PrimaryContainer, or Containers)."""
+
 
 class Unknown:
     """A World that knows nothing: a place that knows some of it overrides those answers."""
@@ -63,6 +66,9 @@ class Unknown:
         return None
 
     def function_timeout(self, function: str) -> int | None:
+        return None
+
+    def model_containers(self, model: str) -> list[dict] | None:
         return None
 
 
@@ -156,6 +162,27 @@ def _local_storage(field: str, instance_type: str | None) -> str | None:
 )
 def _transform_volume_key(p: dict, world) -> str | None:
     return _refused_volume_key([p.get("TransformResources") or {}])
+
+
+@rule(
+    "transform-model-data-source",
+    "sagemaker",
+    "CreateTransformJob",
+    f"{SAGEMAKER_API}/API_ContainerDefinition.html (ModelDataSource)",
+)
+def _transform_model_data_source(p: dict, world) -> str | None:
+    # Why a retrained LoRA adapter cannot be published for batch work without its base: a transform
+    # job's model takes its weights from ModelDataUrl (one model.tar.gz) only; an uncompressed S3
+    # prefix or an extra data source (AdditionalModelDataSources) needs ModelDataSource.
+    containers = world.model_containers(p.get("ModelName", "")) if world else None
+    for c in containers or []:
+        if c.get("ModelDataSource"):
+            return (
+                f"Model {p.get('ModelName')} uses ModelDataSource: currently you cannot use "
+                "ModelDataSource in conjunction with SageMaker batch transform; give the model a "
+                "ModelDataUrl (one model.tar.gz) for transform jobs"
+            )
+    return None
 
 
 def _clusters(p: dict) -> Iterator[dict]:

@@ -73,7 +73,8 @@ def test_requests_are_validated_as_sagemaker_does(sm):
 
 def test_documented_rules_that_depend_on_what_exists(sm):
     """The local SageMaker answers aws_rules with its own resources: a canary on a one-instance
-    endpoint, and a new instance type for a variant registered with Application Auto Scaling."""
+    endpoint, a new instance type for a variant registered with Application Auto Scaling, and a
+    transform job on a model whose weights come from ModelDataSource."""
     from moto import mock_aws
 
     sm.call("CreateModel", MODEL)
@@ -122,6 +123,20 @@ def test_documented_rules_that_depend_on_what_exists(sm):
         )
         with pytest.raises(ApiError, match=r"scaled-variant-instance-type"):
             sm.call("UpdateEndpoint", {"EndpointName": "e", "EndpointConfigName": "c2"})
+    # a transform job on a model whose weights come from ModelDataSource (uncompressed S3 prefix)
+    source = {"S3Uri": "s3://b/m/", "S3DataType": "S3Prefix", "CompressionType": "None"}
+    container = {"Image": "sluice:local", "ModelDataSource": {"S3DataSource": source}}
+    sm.call("CreateModel", {**MODEL, "ModelName": "m2", "PrimaryContainer": container})
+    job = {
+        "ModelName": "m2",
+        "TransformInput": {
+            "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://b/in/"}}
+        },
+        "TransformOutput": {"S3OutputPath": "s3://b/out/"},
+        "TransformResources": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1},
+    }
+    with pytest.raises(ApiError, match=r"transform-model-data-source"):
+        sm.call("CreateTransformJob", {**job, "TransformJobName": "t2"})
 
 
 def test_sagemakers_errors_for_missing_and_duplicate_resources(sm):

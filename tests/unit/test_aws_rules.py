@@ -12,9 +12,11 @@ KEY = "arn:aws:kms:us-east-1:123456789012:key/k"
 class World(aws_rules.Unknown):
     """What exists, as the local SageMaker and the deployer answer it."""
 
-    def __init__(self, variants=None, config=None, scaled=(), visibility=None, timeout=None):
+    def __init__(
+        self, variants=None, config=None, scaled=(), visibility=None, timeout=None, containers=None
+    ):
         self.variants, self.config, self.scaled = variants, config, set(scaled)
-        self.visibility, self.timeout = visibility, timeout
+        self.visibility, self.timeout, self.containers = visibility, timeout, containers
 
     def endpoint_variants(self, endpoint):
         return self.variants
@@ -30,6 +32,9 @@ class World(aws_rules.Unknown):
 
     def function_timeout(self, name):
         return self.timeout
+
+    def model_containers(self, model):
+        return self.containers
 
 
 def refused(service, op, params, world=None) -> list[str]:
@@ -136,3 +141,19 @@ def test_scaling_bounds_and_neo_targets():
     assert not refused(
         "sagemaker", "CreateCompilationJob", {"OutputConfig": {"TargetDevice": "ml_c5"}}
     )
+
+
+def test_a_transform_jobs_model_takes_its_weights_from_one_model_data_url():
+    """ModelDataSource (an uncompressed S3 prefix, the base of AdditionalModelDataSources) is
+    refused for batch transform: a published adapter travels with its base in model.tar.gz."""
+    job = {"TransformJobName": "j", "ModelName": "m"}
+    tarball = World(containers=[{"Image": "i", "ModelDataUrl": "s3://b/model.tar.gz"}])
+    assert not refused("sagemaker", "CreateTransformJob", job, tarball)
+    prefix = {
+        "S3DataSource": {"S3Uri": "s3://b/m/", "S3DataType": "S3Prefix", "CompressionType": "None"}
+    }
+    uncompressed = World(containers=[{"Image": "i", "ModelDataSource": prefix}])
+    assert refused("sagemaker", "CreateTransformJob", job, uncompressed) == [
+        "transform-model-data-source"
+    ]
+    assert not refused("sagemaker", "CreateTransformJob", job)  # unknown model: nothing said

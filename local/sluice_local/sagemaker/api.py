@@ -221,6 +221,12 @@ class LocalSageMaker:
         """Variants registered with Application Auto Scaling (moto's backend, this process)."""
         return aws_rules.moto_scaled_variants(endpoint)
 
+    def model_containers(self, model: str) -> list[dict] | None:
+        record = self.find("Model", model)
+        if record is None:
+            return None
+        return [c for c in [record.get("PrimaryContainer"), *(record.get("Containers") or [])] if c]
+
     # (the Lambda-side questions of aws_rules.World are never asked about SageMaker requests)
 
     # --- generic operations ---------------------------------------------------------------------
