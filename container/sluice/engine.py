@@ -349,12 +349,15 @@ class VllmEngine:
         sched = llm.vllm_config.scheduler_config
         log.info(
             "vLLM engine: %s, dtype %s, tensor parallel %d, up to %d sequences and %d tokens a "
-            "step%s",
+            "step, prefix caching %s%s",
             model_dir,
             dtype,
             args.tensor_parallel_size,
             sched.max_num_seqs,
             sched.max_num_batched_tokens,
+            # records of one file often share an instruction prefix: its KV blocks are reused
+            # (vLLM's default for generative models, CPUs included; on = it is really active)
+            "on" if llm.vllm_config.cache_config.enable_prefix_caching else "off",
             f", LoRA adapter {self.adapter.path} (rank {self.adapter.rank})"
             if self.lora and self._identity is None
             else "",

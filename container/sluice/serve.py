@@ -112,17 +112,70 @@ def pick_device() -> torch.device:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# CPU instruction sets that run bfloat16 matmuls natively (oneDNN uses them); without one, bf16 is
+# emulated and slower than float32
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
-def pick_dtype(device: torch.device) -> torch.dtype:
+def checkpoint_dtype(model_dir: Path | str) -> str | None:
+    """The dtype a checkpoint's config.json says its weights are saved in (`dtype`, or the older
+    `torch_dtype`), or None when it says none."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = cfg.get("dtype") or cfg.get("torch_dtype")
+    return name if name in DTYPES else None
+
+
+def cpu_bf16_flags(cpuinfo: str = "/proc/cpuinfo") -> list[str]:
+    """This CPU's native bfloat16 instruction sets (empty: none, or not Linux)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return []
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
+    )
+    return [f for f in NATIVE_BF16_FLAGS if f in flags]
+
+
+def pick_dtype(
+    device: torch.device, model_dir: Path | str | None = None
+) -> tuple[torch.dtype, str]:
+    """The dtype to serve in, and why (logged at start).
+
+    `SLUICE_DTYPE=auto` (the default) follows the checkpoint, as vLLM's own `auto` does: float32
+    stays float32; bfloat16 stays bfloat16 on GPUs that have it and on CPUs with native bf16
+    (AMX or AVX512-BF16), else float32; float16 stays float16 on GPUs and becomes bfloat16 on such
+    CPUs (vLLM's CPU kernels take no float16). On GPUs a float32 checkpoint runs in bfloat16 (half
+    the memory traffic; vLLM casts float32 down on GPUs too).
+    """
     name = os.environ.get("SLUICE_DTYPE", "auto")
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if name not in DTYPES:
-        raise SluiceError(f"SLUICE_DTYPE={name!r}: choose auto or one of {list(DTYPES)}")
-    return DTYPES[name]
+    if name != "auto":
+        if name not in DTYPES:
+            raise SluiceError(f"SLUICE_DTYPE={name!r}: choose auto or one of {list(DTYPES)}")
+        return DTYPES[name], "SLUICE_DTYPE"
+    saved = checkpoint_dtype(model_dir) if model_dir is not None else None
+    if device.type == "cuda":
+        if saved == "float16":
+            return torch.float16, "the checkpoint's"
+        if torch.cuda.is_bf16_supported():
+            return torch.bfloat16, f"bf16 on this GPU (checkpoint: {saved or 'unstated'})"
+        return torch.float16, f"float16 on this GPU, which has no bf16 (checkpoint: {saved})"
+    if saved in ("bfloat16", "float16"):
+        native = cpu_bf16_flags()
+        if native:
+            why = "the checkpoint's" if saved == "bfloat16" else "float16 checkpoint, bf16 on CPU"
+            return torch.bfloat16, f"{why}; this CPU has native bf16 ({', '.join(native)})"
+        return (
+            torch.float32,
+            f"{saved} checkpoint upcast: this CPU has no native bf16 (AMX, AVX512-BF16)",
+        )
+    return (
+        torch.float32,
+        f"the checkpoint's ({saved})" if saved else "float32 (checkpoint: unstated)",
+    )
 
 
 def generation_defaults(model_dir: Path) -> dict:
@@ -217,7 +270,8 @@ class State:
         t0 = time.perf_counter()
         check_causal(self.model_dir)
         check_runnable(self.model_dir, self.gpus > 0)
-        dtype = pick_dtype(self.device)
+        dtype, why = pick_dtype(self.device, self.model_dir)
+        log.info("dtype %s: %s", str(dtype).removeprefix("torch."), why)
         try:
             self.tok = AutoTokenizer.from_pretrained(self.model_dir)
         except (OSError, ValueError) as e:
@@ -292,7 +346,9 @@ class State:
         of the base), loaded once, on first use."""
         with self._scorer_lock:
             if adapter not in self.scorers:
-                model, tok = load_model(self.model_dir, dtype=pick_dtype(self.device))
+                model, tok = load_model(
+                    self.model_dir, dtype=pick_dtype(self.device, self.model_dir)[0]
+                )
                 if adapter is not None:
                     model = merge_adapter(model, self.engine.adapters[adapter].path)
                 model.to(self.device)

@@ -29,7 +29,8 @@ def server(plain_server):
 
 
 def test_ping_and_execution_parameters(server):
-    assert "up to 128 sequences and 2048 tokens a step" in "".join(server.log)  # an endpoint
+    # an endpoint's batch sizes; records sharing a prefix reuse its KV cache
+    assert "up to 128 sequences and 2048 tokens a step, prefix caching on" in "".join(server.log)
     status, body = server.get("/ping")
     assert (status, body) == (200, b"")
     status, body = server.get("/execution-parameters")
@@ -237,6 +238,54 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_lines(server):
         assert [o["id"] for o in lines] == [f"{k}-{i}" for i in range(40)]
 
 
+@pytest.fixture(scope="module")
+def bf16_server(tmp_path_factory, trained):
+    """`sluice serve` on the shared model saved in bfloat16, as published models are."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = tmp_path_factory.mktemp("bf16") / "model"
+    shutil.copytree(trained["model"], model)
+    AutoModelForCausalLM.from_pretrained(model).to(torch.bfloat16).save_pretrained(model)
+    s = Server(model)
+    yield s, model
+    s.stop()
+
+
+@pytest.mark.slow
+def test_a_bfloat16_checkpoint_is_served_in_its_own_dtype(bf16_server):
+    """Most published models are saved in bfloat16: `auto` serves them so on CPUs that run bf16
+    natively (AMX, AVX512-BF16) and on GPUs, instead of upcasting; scoring runs in the same
+    dtype. The scores are those of the checkpoint computed in that dtype by plain transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sluice.scoring import encode_for_scoring
+    from sluice.serve import cpu_bf16_flags
+
+    s, model = bf16_server
+    expected = torch.bfloat16 if cpu_bf16_flags() else torch.float32
+    texts = ["The lazy cat eats fish", "Every rabbit likes hay in the morning"]
+    lines = s.lines(
+        [{"id": i, "text": t, "task": "score"} for i, t in enumerate(texts)]
+        + [{"id": "g", "text": texts[0], "parameters": {"max_new_tokens": 8}}]
+    )
+    name = str(expected).removeprefix("torch.")
+    assert any(f"dtype {name}: " in line for line in s.log), "".join(s.log)
+    assert lines[2]["id"] == "g" and lines[2]["tokens"] > 0, lines[2]
+    tok = AutoTokenizer.from_pretrained(model)
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=expected).eval()
+    for ids, line in zip(encode_for_scoring(tok, texts), lines, strict=False):
+        ids = torch.tensor([ids])
+        with torch.no_grad():
+            logp = hf(ids).logits[0, :-1].float().log_softmax(-1)
+        mean = logp.gather(1, ids[0, 1:, None]).mean().item()
+        assert line["mean_logprob"] == pytest.approx(mean, abs=0.05), (line, mean)
+
+
+@pytest.mark.slow
 def test_sigterm_finishes_the_request_in_flight_then_exits(trained):
     s = Server(trained["model"])
     t, result = long_request(s)
@@ -251,6 +300,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits(trained):
     assert any("draining 1 in flight" in line for line in s.log), "".join(s.log)
 
 
+@pytest.mark.slow
 def test_a_dead_engine_fails_its_records_and_the_server_exits_1(trained):
     """vLLM's engine process killed (the OOM killer, a crash) mid-request: the records in flight
     get `engine_failed` lines, /ping stops answering 200 and the server exits 1, so that
@@ -283,6 +333,7 @@ def test_a_dead_engine_fails_its_records_and_the_server_exits_1(trained):
     assert "the vLLM engine died" in "".join(s.log)
 
 
+@pytest.mark.slow
 def test_a_model_the_cpu_engine_cannot_run_is_refused_at_start(tmp_path, trained):
     """A Llama with 16-dimensional heads: vLLM's CPU attention runs 32-512, and vLLM would
     start, answer /ping, then fail every record. serve exits 1 and says why instead."""
