@@ -6,9 +6,11 @@ CPUs too), and `sluice serve` keeps it on. Side by side, in alternating rounds, 
 (GPT-2 architecture, ~14M, random weights, float32) and records (a 300-token prefix + 4-48 tokens
 of their own, greedy 32 new tokens):
 
-- Sluice: the real `sluice serve`, one MultiRecord request as Batch Transform sends it;
-- vLLM's offline `LLM` with its defaults (prefix caching on), in this process;
-- the same without prefix caching, to show what the cache is worth.
+- Sluice: the real `sluice serve`, one MultiRecord request as Batch Transform sends it, on its
+  default dtype (`auto`: the checkpoint's float32) and in bfloat16 (`SLUICE_DTYPE=bfloat16`);
+- vLLM's offline `LLM` with its defaults (prefix caching on; its `auto` dtype casts a float32
+  checkpoint down to bfloat16 on a CPU with native bf16), and in float32, in this process;
+- vLLM's defaults without prefix caching, to show what the cache is worth.
 
     python -m benchmarks.shared_prefix [--records 1536] [--prefix 300] [--rounds 2]
 """
@@ -50,8 +52,10 @@ def main() -> None:
         params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0)
         offline = {
             "vLLM offline defaults (prefix caching on)": {},
+            "vLLM offline, float32": {"dtype": "float32"},
             "vLLM offline, prefix caching off": {"enable_prefix_caching": False},
         }
+        ours = {"sluice (auto: float32)": {}, "sluice bfloat16": {"SLUICE_DTYPE": "bfloat16"}}
         llms = {  # both kept for the whole run: an idle engine waits without using the CPU
             mode: LLM(
                 model=str(model),
@@ -63,31 +67,32 @@ def main() -> None:
             )
             for mode, kwargs in offline.items()
         }
-        res: dict[str, list[float]] = {"sluice": [], **{m: [] for m in offline}}
+        res: dict[str, list[float]] = {m: [] for m in [*ours, *offline]}
         texts_out: dict[str, list[str]] = {}
         for _ in range(args.rounds):
-            server = ServeProcess(model, {"SAGEMAKER_BATCH": "true"})
-            server.wait_ready(600)
-            post(server.url, body[: body.index(b"\n")])  # first request
-            took, lines = post(server.url, body)
-            res["sluice"].append(took)
-            texts_out["sluice"] = [json.loads(x)["generated_text"] for x in lines]
-            server.stop()
+            for mode, env in ours.items():
+                server = ServeProcess(model, {"SAGEMAKER_BATCH": "true", **env})
+                server.wait_ready(600)
+                post(server.url, body[: body.index(b"\n")])  # first request
+                took, lines = post(server.url, body)
+                res[mode].append(took)
+                texts_out[mode] = [json.loads(x)["generated_text"] for x in lines]
+                server.stop()
             for mode, llm in llms.items():
                 t = time.perf_counter()
                 outs = llm.generate(texts, params, use_tqdm=False)
                 res[mode].append(time.perf_counter() - t)
                 texts_out[mode] = [o.outputs[0].text for o in outs]
     med = {m: statistics.median(v) for m, v in res.items()}
-    ours = med["sluice"]
     for mode, took in med.items():
         print(f"{mode:44s} {took:7.2f} s  ({args.records / took:6.1f} records/s)")
-    for mode in offline:
-        print(f"sluice vs {mode}: {med[mode] / ours:.2f}x")
-    a = texts_out["sluice"]
-    b = texts_out[next(iter(offline))]
-    same = sum(x == y for x, y in zip(a, b, strict=True))
-    print(f"identical greedy texts, sluice vs vLLM: {same}/{len(a)}")
+    for a, b in [
+        ("sluice (auto: float32)", "vLLM offline, float32"),
+        ("sluice bfloat16", "vLLM offline defaults (prefix caching on)"),
+        ("sluice (auto: float32)", "vLLM offline defaults (prefix caching on)"),
+    ]:
+        same = sum(x == y for x, y in zip(texts_out[a], texts_out[b], strict=True))
+        print(f"{a} vs {b}: {med[b] / med[a]:.2f}x, identical texts {same}/{args.records}")
 
 
 if __name__ == "__main__":
