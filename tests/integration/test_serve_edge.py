@@ -306,6 +306,19 @@ def test_bad_framing_is_a_4xx_at_once(plain, head, status):
     assert reply.startswith(b"HTTP/1.1 %d" % status), reply[:200]
 
 
+@pytest.mark.parametrize("ctype", ["application/jsonlines", "text/plain"])
+def test_an_empty_or_bom_only_body_has_no_line_and_blank_lines_one_each(plain, ctype):
+    """Documented in docs/container.md: nothing in, nothing out; a blank line is still a line
+    (a joined output keeps one line per input line)."""
+    assert plain.post(b"", ctype)[:2] == (200, "")
+    assert plain.post(b"\xef\xbb\xbf", ctype)[:2] == (200, "")
+    status, text, _ = plain.post(b"\xef\xbb\xbf \n\t\r\n", ctype)
+    codes = [json.loads(x)["error"]["code"] for x in text.split("\n")]
+    assert status == 200
+    expected = "invalid_json" if ctype == "application/jsonlines" else "empty_text"
+    assert codes == [expected, expected]
+
+
 def test_nan_bom_and_unwritable_ids_are_one_records_error(plain):
     body = (
         b"\xef\xbb\xbf"
