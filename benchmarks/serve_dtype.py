@@ -3,7 +3,8 @@
 Most published LLMs are saved in bfloat16. Before `SLUICE_DTYPE=auto` followed the checkpoint,
 `sluice serve` ran every model in float32 on CPUs. Side by side, in alternating rounds on the same
 model (GPT-2 architecture, ~14M, briefly trained so that its distributions are not flat) saved in
-bfloat16, and the same prompts, called as Batch Transform calls it (one MultiRecord request):
+bfloat16 (or, with --saved float16, in float16), and the same prompts, called as Batch Transform
+calls it (one MultiRecord request):
 
 - Sluice with `SLUICE_DTYPE=float32` (what it did before),
 - Sluice on its default (`auto`: bfloat16 on a CPU with AMX / AVX512-BF16),
@@ -13,6 +14,7 @@ greedy generation (32 new tokens) and scoring, medians; and what bfloat16 change
 greedy texts identical to float32's, and the score difference per token.
 
     python -m benchmarks.serve_dtype [--records 384] [--rounds 2] [--train-steps 300]
+                                     [--saved bfloat16|float16]
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ from benchmarks.serve_throughput import (
 MODES = {"sluice float32 (before)": {"SLUICE_DTYPE": "float32"}, "sluice auto": {}}
 
 
-def train_briefly(model_dir: Path, steps: int, out: Path) -> Path:
-    """`steps` of AdamW on real text, then saved in bfloat16 (as published models are)."""
+def train_briefly(model_dir: Path, steps: int, out: Path, saved: str = "bfloat16") -> Path:
+    """`steps` of AdamW on real text, then saved in `saved` (bfloat16, as most published models
+    are; float16 for the older ones)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -58,7 +61,7 @@ def train_briefly(model_dir: Path, steps: int, out: Path) -> Path:
         opt.step()
         opt.zero_grad()
     print(f"trained {steps} steps, last loss {loss.item():.2f}")
-    model.to(torch.bfloat16).save_pretrained(out)
+    model.to(getattr(torch, saved)).save_pretrained(out)
     tok.save_pretrained(out)
     return out
 
@@ -74,9 +77,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=384)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--train-steps", type=int, default=300)
+    ap.add_argument("--saved", choices=["bfloat16", "float16"], default="bfloat16")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        model = train_briefly(build_model(Path(tmp)), args.train_steps, Path(tmp) / "bf16")
+        model = build_model(Path(tmp))
+        model = train_briefly(model, args.train_steps, Path(tmp) / args.saved, args.saved)
         tok = AutoTokenizer.from_pretrained(model)
         texts = prompts(tok, args.records, 1, 4, 48)
         gen = [{"text": t, "parameters": {"max_new_tokens": NEW_TOKENS}} for t in texts]

@@ -145,11 +145,12 @@ def pick_dtype(
 ) -> tuple[torch.dtype, str]:
     """The dtype to serve in, and why (logged at start).
 
-    `SLUICE_DTYPE=auto` (the default) follows the checkpoint, as vLLM's own `auto` does: float32
-    stays float32; bfloat16 stays bfloat16 on GPUs that have it and on CPUs with native bf16
-    (AMX or AVX512-BF16), else float32; float16 stays float16 on GPUs and becomes bfloat16 on such
-    CPUs (vLLM's CPU kernels take no float16). On GPUs a float32 checkpoint runs in bfloat16 (half
-    the memory traffic; vLLM casts float32 down on GPUs too).
+    `SLUICE_DTYPE=auto` (the default) follows the checkpoint: float32 stays float32 (vLLM's own
+    `auto` casts it to bf16 on CPUs); bfloat16 stays bfloat16 on GPUs that have it and on CPUs
+    with native bf16 (AMX or AVX512-BF16), else float32; float16 stays float16 on GPUs and
+    becomes bfloat16 on such CPUs (vLLM 0.32 keeps float16 there: 1.9x the time,
+    docs/benchmarks.md). On GPUs a float32 checkpoint runs in bfloat16 (half the memory traffic;
+    vLLM casts float32 down too).
     """
     name = os.environ.get("SLUICE_DTYPE", "auto")
     if name != "auto":
