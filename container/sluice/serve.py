@@ -150,7 +150,7 @@ def pick_dtype(
     with native bf16 (AMX or AVX512-BF16), else float32; float16 stays float16 on GPUs and
     becomes bfloat16 on such CPUs (vLLM 0.32 keeps float16 there: 1.9x the time,
     docs/benchmarks.md). On GPUs a float32 checkpoint runs in bfloat16 (half the memory traffic;
-    vLLM casts float32 down too).
+    vLLM casts float32 down too), and on GPUs without bf16 (T4) anything but float16 in float32.
     """
     name = os.environ.get("SLUICE_DTYPE", "auto")
     if name != "auto":
@@ -163,7 +163,8 @@ def pick_dtype(
             return torch.float16, "the checkpoint's"
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16, f"bf16 on this GPU (checkpoint: {saved or 'unstated'})"
-        return torch.float16, f"float16 on this GPU, which has no bf16 (checkpoint: {saved})"
+        # e.g. a T4 (g4dn): bf16 weights can overflow float16, so they run in float32
+        return torch.float32, f"this GPU has no bf16 (checkpoint: {saved or 'unstated'})"
     if saved in ("bfloat16", "float16"):
         native = cpu_bf16_flags()
         if native:

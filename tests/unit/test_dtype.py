@@ -58,3 +58,20 @@ def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2\n")
     assert serve.cpu_bf16_flags(str(info)) == []
     assert serve.cpu_bf16_flags(str(tmp_path / "absent")) == []
+
+
+@pytest.mark.parametrize(
+    ("saved", "bf16", "expected"),
+    [
+        ("float32", True, torch.bfloat16),
+        ("bfloat16", True, torch.bfloat16),
+        ("float16", True, torch.float16),
+        ("float16", False, torch.float16),
+        ("bfloat16", False, torch.float32),  # a T4: bf16 weights can overflow float16
+        ("float32", False, torch.float32),
+    ],
+)
+def test_auto_on_gpus(tmp_path, monkeypatch, saved, bf16, expected):
+    monkeypatch.delenv("SLUICE_DTYPE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    assert serve.pick_dtype(torch.device("cuda"), checkpoint(tmp_path, saved))[0] == expected
