@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import math
 import os
@@ -211,6 +212,13 @@ def tensor_parallel(gpus: int, heads: int) -> int:
     return max((n for n in range(1, max(gpus, 1) + 1) if heads % n == 0), default=1)
 
 
+async def _cancel(task: asyncio.Task) -> None:
+    """Cancel `task` and wait until it has ended."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
 def sampling_params(rec: Record, default_max_new: int):
     """One record's `SamplingParams` (generate/chat, next_token, score)."""
     from vllm import SamplingParams
@@ -379,6 +387,14 @@ class VllmEngine:
     def close(self) -> None:
         llm, self.llm = self.llm, None
         try:
+            # vLLM's shutdown stops the engine process before it cancels the task that reads the
+            # engine's outputs, and that task then logs EngineDeadError with a traceback at every
+            # clean stop: cancel the reader first, on its own loop
+            reader = getattr(llm, "output_handler", None)
+            if reader is not None and self.loop.is_running():
+                cancelled = asyncio.run_coroutine_threadsafe(_cancel(reader), self.loop)
+                with contextlib.suppress(Exception):
+                    cancelled.result(timeout=10)
             llm.shutdown()
             # its __del__ would shut down again at interpreter exit, when vLLM's globals are gone
             llm.shutdown = lambda *a, **k: None

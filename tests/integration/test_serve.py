@@ -298,6 +298,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits(trained):
     with pytest.raises(OSError):
         s.get("/ping")
     assert any("draining 1 in flight" in line for line in s.log), "".join(s.log)
+    assert "EngineDeadError" not in "".join(s.log)  # a clean stop logs no engine failure
 
 
 @pytest.mark.slow
