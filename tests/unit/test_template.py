@@ -22,6 +22,36 @@ def test_sqs_event_source_reports_partial_failures_with_a_window():
     assert event["MaximumBatchingWindowInSeconds"] == {"Ref": "BatchingWindowSeconds"}
 
 
+SQS_SOURCES = [
+    (name, event)
+    for name, r in R.items()
+    if r["Type"] == "AWS::Serverless::Function"
+    for event, e in (r["Properties"].get("Events") or {}).items()
+    if e["Type"] == "SQS"
+]
+
+
+@pytest.mark.parametrize(("function", "event"), SQS_SOURCES)
+def test_an_sqs_poller_never_outgrows_its_functions_reserved_concurrency(function, event):
+    """Lambda's SQS poller ignores reserved concurrency: past it the function is throttled and the
+    throttled messages count receives, so a burst could reach the DLQ without ever running. AWS:
+    keep ScalingConfig.MaximumConcurrency (2-1000) <= the function's reserved concurrency
+    (https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-scaling.html)."""
+    props = R[function]["Properties"]
+    maximum = (props["Events"][event]["Properties"].get("ScalingConfig") or {}).get(
+        "MaximumConcurrency"
+    )
+    assert maximum is not None, f"{function}.{event} has no ScalingConfig.MaximumConcurrency"
+    assert 2 <= maximum <= props["ReservedConcurrentExecutions"]
+
+
+def test_the_sqs_sources_are_the_ones_sluice_has():
+    assert sorted(SQS_SOURCES) == [
+        ("RetrainOnUploadsFunction", "TrainingUploads"),
+        ("StartTransformFunction", "Uploads"),
+    ]
+
+
 @pytest.mark.parametrize("name", [n for n, r in R.items() if r["Type"] == "AWS::SQS::Queue"])
 def test_every_queue_is_encrypted_with_the_key(name):
     assert R[name]["Properties"]["KmsMasterKeyId"] == {"Ref": "DataKey"}
