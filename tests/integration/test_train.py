@@ -485,6 +485,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_fitted_before_the_first_step(
     assert read_json(out / "model" / "evaluation.json")["challenger"]["records"] > 0
 
 
+@pytest.mark.slow
 def test_lora_fine_tunes_a_llama_that_reloads_with_plain_transformers_and_beats_its_base(
     tmp_path, trained, corpus_dir
 ):
