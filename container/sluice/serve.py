@@ -261,6 +261,7 @@ class State:
         self.scorers: dict[str | None, Batcher] = {}
         self._scorer_lock = threading.Lock()
         self.tok = None
+        self.dtype = torch.float32  # set by load(): the engine's, and torch scoring's
         self.context = 0
         self.config = EngineConfig()
         self.defaults = Defaults()
@@ -272,8 +273,8 @@ class State:
         t0 = time.perf_counter()
         check_causal(self.model_dir)
         check_runnable(self.model_dir, self.gpus > 0)
-        dtype, why = pick_dtype(self.device, self.model_dir)
-        log.info("dtype %s: %s", str(dtype).removeprefix("torch."), why)
+        self.dtype, why = pick_dtype(self.device, self.model_dir)
+        log.info("dtype %s: %s", str(self.dtype).removeprefix("torch."), why)
         try:
             self.tok = AutoTokenizer.from_pretrained(self.model_dir)
         except (OSError, ValueError) as e:
@@ -315,7 +316,7 @@ class State:
             served,
             self.tok,
             self.context,
-            str(dtype).split(".")[-1],
+            str(self.dtype).split(".")[-1],
             self.config,
             adapter,
             batch=self.batch,
@@ -337,7 +338,7 @@ class State:
             "model %s ready on %s (%s) in %.1f s; default task %s; scoring with %s",
             self.model_dir,
             self.device,
-            dtype,
+            self.dtype,
             time.perf_counter() - t0,
             self.defaults.task,
             self.score_engine,
@@ -348,9 +349,7 @@ class State:
         of the base), loaded once, on first use."""
         with self._scorer_lock:
             if adapter not in self.scorers:
-                model, tok = load_model(
-                    self.model_dir, dtype=pick_dtype(self.device, self.model_dir)[0]
-                )
+                model, tok = load_model(self.model_dir, dtype=self.dtype)
                 if adapter is not None:
                     model = merge_adapter(model, self.engine.adapters[adapter].path)
                 model.to(self.device)
