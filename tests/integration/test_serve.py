@@ -238,40 +238,32 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_lines(server):
         assert [o["id"] for o in lines] == [f"{k}-{i}" for i in range(40)]
 
 
-@pytest.fixture(scope="module")
-def bf16_server(tmp_path_factory, trained):
-    """`sluice serve` on the shared model saved in bfloat16, as published models are."""
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = tmp_path_factory.mktemp("bf16") / "model"
-    shutil.copytree(trained["model"], model)
-    AutoModelForCausalLM.from_pretrained(model).to(torch.bfloat16).save_pretrained(model)
-    s = Server(model)
-    yield s, model
-    s.stop()
-
-
 @pytest.mark.slow
-def test_a_bfloat16_checkpoint_is_served_in_its_own_dtype(bf16_server):
+def test_a_bfloat16_checkpoint_is_served_in_its_own_dtype(tmp_path, trained):
     """Most published models are saved in bfloat16: `auto` serves them so on CPUs that run bf16
     natively (AMX, AVX512-BF16) and on GPUs, instead of upcasting; scoring runs in the same
     dtype. The scores are those of the checkpoint computed in that dtype by plain transformers."""
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from sluice.scoring import encode_for_scoring
     from sluice.serve import cpu_bf16_flags
 
-    s, model = bf16_server
+    model = tmp_path / "bf16"
+    shutil.copytree(trained["model"], model)
+    AutoModelForCausalLM.from_pretrained(model).to(torch.bfloat16).save_pretrained(model)
     expected = torch.bfloat16 if cpu_bf16_flags() else torch.float32
     texts = ["The lazy cat eats fish", "Every rabbit likes hay in the morning"]
-    lines = s.lines(
-        [{"id": i, "text": t, "task": "score"} for i, t in enumerate(texts)]
-        + [{"id": "g", "text": texts[0], "parameters": {"max_new_tokens": 8}}]
-    )
+    s = Server(model)
+    try:
+        lines = s.lines(
+            [{"id": i, "text": t, "task": "score"} for i, t in enumerate(texts)]
+            + [{"id": "g", "text": texts[0], "parameters": {"max_new_tokens": 8}}]
+        )
+    finally:
+        s.stop()
     name = str(expected).removeprefix("torch.")
     assert any(f"dtype {name}: " in line for line in s.log), "".join(s.log)
     assert lines[2]["id"] == "g" and lines[2]["tokens"] > 0, lines[2]
