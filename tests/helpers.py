@@ -202,11 +202,12 @@ class Server:
             self.proc.wait(timeout=60)
 
 
-def running_stack(tmp_path_factory, name: str, overrides: list[str]):
-    """A module's `sluice-local up` on a fresh state folder, stopped after its tests."""
+def running_stack(tmp_path_factory, name: str, overrides: list[str], args: tuple[str, ...] = ()):
+    """A module's `sluice-local up` on a fresh state folder (with these extra arguments),
+    stopped after its tests."""
     state = tmp_path_factory.mktemp(name) / "state"
     state.mkdir()
-    stack = LocalUp(state, overrides).start()
+    stack = LocalUp(state, overrides, args).start()
     yield stack
     if stack.proc.poll() is None:
         stack.stop()
@@ -215,9 +216,10 @@ def running_stack(tmp_path_factory, name: str, overrides: list[str]):
 class LocalUp:
     """One `sluice-local up` process (started, stopped, started again) and what its users hold."""
 
-    def __init__(self, state: Path, overrides: list[str]):
+    def __init__(self, state: Path, overrides: list[str], args: tuple[str, ...] = ()):
         self.state = state
         self.overrides = overrides
+        self.args = args
         self.proc: subprocess.Popen | None = None
 
     def start(self, **env: str) -> LocalUp:
@@ -237,6 +239,7 @@ class LocalUp:
                 "0",
                 "--ready-file",
                 str(ready),
+                *self.args,
                 "--parameter-overrides",
                 *self.overrides,
             ],

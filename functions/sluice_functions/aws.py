@@ -8,20 +8,6 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-# Retried by SQS (batch item failure) rather than acknowledged: the next attempt may succeed.
-TRANSIENT = {
-    "ThrottlingException",
-    "Throttling",
-    "ThrottledException",
-    "RequestLimitExceeded",
-    "TooManyRequestsException",
-    "ServiceUnavailable",
-    "InternalFailure",
-    "InternalServerError",
-    "ResourceLimitExceeded",
-    "SlowDown",
-    "RequestTimeout",
-}
 # What the model parameter holds until retraining promotes a first model (template.yaml: "none").
 NO_MODEL = ("", "none", "None")
 CONFIG = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=30)

@@ -107,6 +107,10 @@ class Settings:
     task: str = "generate"
     parameters: str = "{}"
     capture: bool = True
+    # work that cannot start yet (a quota, throttling) goes back to this queue (waiting.py)
+    queue_url: str = ""
+    wait_first_s: int = 60
+    max_wait_s: float = 24 * 3600.0
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Settings:
@@ -137,6 +141,9 @@ class Settings:
             task=env.get("DEFAULT_TASK", cls.task),
             parameters=env.get("DEFAULT_PARAMETERS") or cls.parameters,
             capture=env.get("DATA_CAPTURE", str(cls.capture)).lower() == "true",
+            queue_url=env.get("INCOMING_QUEUE_URL", cls.queue_url),
+            wait_first_s=int(env.get("QUOTA_RETRY_SECONDS", cls.wait_first_s)),
+            max_wait_s=float(env.get("MAX_WAIT_HOURS", cls.max_wait_s / 3600)) * 3600,
         )
 
 

@@ -5,15 +5,18 @@ require), named from its content so a redelivered batch finds its job already th
 whose job *failed* is not swallowed when its messages come back (a crash before they were
 deleted, or an operator's redrive from the DLQ after fixing the cause): it runs again under the
 next attempt's name (SageMaker never reuses a job name), at most MAX_ATTEMPTS times, then its
-messages go back to the queue and on to the DLQ. Throttling and transient errors report those
-messages as batch item failures (retried, then the DLQ); messages that are not S3 events are
-logged, counted and acknowledged.
+messages go back to the queue and on to the DLQ. Work that cannot start *yet* (the account's
+instance quota reached, CreateTransformJob throttled) is sent back to the queue with a delay and
+never counts towards the DLQ (waiting.py); other errors report those messages as batch item
+failures (retried, then the DLQ); messages that are not S3 events are logged, counted and
+acknowledged.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.metrics import MetricUnit
@@ -21,9 +24,8 @@ from aws_lambda_powertools.utilities.data_classes import SQSEvent, event_source
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
-from . import claims
+from . import claims, waiting
 from .aws import (
-    TRANSIENT,
     already_exists,
     client,
     current_model,
@@ -132,10 +134,13 @@ def job_status(name: str) -> str | None:
     )
 
 
-def report_no_model(settings: Settings, uploads: list[Upload], reason: str) -> None:
-    """A failure report an operator can act on; the messages go back to SQS (then the DLQ)."""
+def report_not_started(
+    settings: Settings, uploads: list[Upload], status: str, reason: str, subject: str
+) -> None:
+    """A failure report an operator can act on, and a notification; the messages go back to
+    SQS (then the DLQ)."""
     name = job_name(settings.stage, uploads)
-    report = failure_report(name, "NoModel", reason, [u.key for u in uploads])
+    report = failure_report(name, status, reason, [u.key for u in uploads])
     client("s3").put_object(
         Bucket=settings.bucket,
         Key=report_key(f"s3://{settings.bucket}/outputs/{name}/", False),
@@ -146,7 +151,7 @@ def report_no_model(settings: Settings, uploads: list[Upload], reason: str) -> N
     if topic:
         client("sns").publish(
             TopicArn=topic,
-            Subject=f"Sluice {settings.stage}: no model for {len(uploads)} uploads",
+            Subject=f"Sluice {settings.stage}: {subject} for {len(uploads)} uploads",
             Message=json.dumps(report, indent=2),
         )
 
@@ -213,9 +218,10 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
         logger.error(str(e), extra={"files": len(uploads)})
         metrics.add_metric("NoModel", MetricUnit.Count, 1)
         if any(u.message_id in first_receipt for u in uploads):
-            report_no_model(settings, uploads, str(e))
+            report_not_started(settings, uploads, "NoModel", str(e), "no model")
         return failures(failed | {u.message_id for u in uploads})
 
+    later: list[Upload] = []  # uploads whose job cannot start yet: sent back to wait
     for group in plan_jobs(uploads, settings.max_files, settings.max_bytes, settings.content_type):
         try:
             outcome = start_job(settings, model, group, table)
@@ -223,18 +229,26 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
                 "JobsStarted" if outcome == "started" else "DuplicateBatches", MetricUnit.Count, 1
             )
         except ClientError as e:
-            code = error_code(e)
+            code, detail = error_code(e), e.response.get("Error", {}).get("Message", "")
+            cannot_wait = waiting.why_waiting_cannot_help(code, detail)
+            keys = [u.key for u in group]
+            if cannot_wait is None:
+                logger.warning(
+                    "transform job cannot start yet: its uploads wait in the queue",
+                    extra={"error": code, "detail": detail, "keys": keys},
+                )
+                later += group
+                continue
             logger.error(
                 "could not start transform job",
-                extra={
-                    "error": code,
-                    "detail": str(e),
-                    "transient": code in TRANSIENT,
-                    "keys": [u.key for u in group],
-                },
+                extra={"error": code, "detail": detail, "why": cannot_wait, "keys": keys},
             )
             metrics.add_metric("StartFailures", MetricUnit.Count, 1)
-            # transient or not, the uploads are valid: retry, then the DLQ keeps them
+            if code == "ResourceLimitExceeded" and any(
+                u.message_id in first_receipt for u in group
+            ):
+                report_not_started(settings, group, code, cannot_wait, "quota too small")
+            # the uploads are valid: retry, then the DLQ keeps them
             failed |= {u.message_id for u in group}
         except Contended as e:
             logger.warning("uploads claimed by another invocation; retrying", extra={"job": str(e)})
@@ -246,7 +260,56 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
             )
             metrics.add_metric("BatchesGivenUp", MetricUnit.Count, 1)
             failed |= {u.message_id for u in group}
+    if later:
+        records = {rec.message_id: rec for rec in event.records}
+        waiting_ids = {u.message_id for u in later} - failed
+        failed |= wait_in_queue(settings, [records[m] for m in sorted(waiting_ids)], later)
     return failures(failed)
+
+
+def wait_in_queue(settings: Settings, records: list, uploads: list[Upload]) -> set[str]:
+    """Send these messages back to the queue, delayed, and acknowledge them (waiting.py); the
+    ids of those that could not be (past the stack's wait limit, or SendMessage failed), which
+    go back as batch item failures instead."""
+    now = time.time()
+    failed: set[str] = set()
+    entries: dict[str, dict] = {}
+    for rec in records:
+        state = waiting.Waiting.of(rec.raw_event.get("messageAttributes") or {}, now)
+        if state.expired(now, settings.max_wait_s):
+            failed.add(rec.message_id)
+            mine = [u for u in uploads if u.message_id == rec.message_id]
+            reason = (
+                f"waited {(now - state.since) / 3600:.1f} h for the account's SageMaker quota "
+                f"(MaxWaitHours {settings.max_wait_s / 3600:g}); raise the quota in Service Quotas "
+                "or redrive the DLQ once jobs have finished"
+            )
+            logger.error("gave up waiting for capacity", extra={"keys": [u.key for u in mine]})
+            metrics.add_metric("WaitsGivenUp", MetricUnit.Count, 1)
+            if rec.attributes.approximate_receive_count == "1":
+                report_not_started(settings, mine, "QuotaWaitExpired", reason, "gave up waiting")
+            continue
+        entries[rec.message_id] = waiting.resend_entry(
+            str(len(entries)), rec.body, state, settings.wait_first_s
+        )
+    ids = list(entries)
+    sqs = client("sqs")
+    for start in range(0, len(ids), 10):  # SendMessageBatch: at most 10 entries
+        chunk = ids[start : start + 10]
+        try:
+            answer = sqs.send_message_batch(
+                QueueUrl=settings.queue_url, Entries=[entries[m] for m in chunk]
+            )
+        except ClientError as e:
+            logger.error("could not send uploads back to wait", extra={"error": str(e)})
+            failed |= set(chunk)
+            continue
+        for bad in answer.get("Failed", []):
+            failed.add(chunk[int(bad["Id"]) - start])
+    waited = len(ids) - len(failed & set(ids))
+    metrics.add_metric("UploadsWaiting", MetricUnit.Count, waited)
+    logger.info("uploads sent back to wait for capacity", extra={"messages": waited})
+    return failed
 
 
 def failures(message_ids: set[str]) -> dict:

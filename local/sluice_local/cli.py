@@ -212,6 +212,15 @@ def _stack_args(
         "periodic: snapshots every 10 s only (faster, a crash loses up to 10 s)",
     )
     p.add_argument(
+        "--quota",
+        action="append",
+        default=[],
+        metavar="'TYPE for KIND job usage=N'",
+        help="a SageMaker account quota as Service Quotas names it, e.g. "
+        "'ml.g5.xlarge for transform job usage=1' (repeatable; default: transform jobs 2 "
+        "instances of each type, training and processing unlimited)",
+    )
+    p.add_argument(
         "--parameter-overrides",
         nargs="*",
         default=[],
@@ -231,7 +240,17 @@ def _stack(args):
         overrides=parse_overrides(args.parameter_overrides),
         config_env=args.config_env,
         durability=args.durability,
+        quotas=_quotas(args.quota),
     )
+
+
+def _quotas(specs: list[str]) -> dict[str, int]:
+    from .sagemaker.quotas import parse
+
+    try:
+        return parse(specs)
+    except ValueError as e:
+        raise SystemExit(f"sluice-local: {e}") from None
 
 
 def cmd_up(args) -> int:

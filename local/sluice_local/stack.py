@@ -80,6 +80,7 @@ class LocalStack:
         config_env: str = "local",
         out=sys.stdout,
         durability: str = "acknowledged",
+        quotas: dict[str, int] | None = None,
     ):
         self.dir = Path(state_dir).resolve()
         self.host, self.port = host, port
@@ -95,6 +96,7 @@ class LocalStack:
         self.server = None
         self.durability_mode = durability
         self.durability = None  # durability.Durability once started
+        self.quotas = quotas or {}  # SageMaker's account quotas (sagemaker/quotas.py)
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -188,7 +190,7 @@ class LocalStack:
             {}, self.base_env, self.dir / "logs" / "functions", self.say, self.client, self.outbox
         )
         self.bus = Bus(self.client, self.functions, self.say, self.outbox)
-        self.sagemaker = LocalSageMaker(self.dir / "sagemaker", self._sagemaker_event)
+        self.sagemaker = LocalSageMaker(self.dir / "sagemaker", self._sagemaker_event, self.quotas)
         ctx = Context(self.dir / "sagemaker", self.url, self.base_env, self.say)
         self.jobs = [
             jobs.TrainingRunner(self.sagemaker, ctx),

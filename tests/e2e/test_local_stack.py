@@ -9,6 +9,7 @@ retrains and swaps the model, and batch then uses it; a restart keeps everything
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -24,11 +25,14 @@ pytestmark = pytest.mark.slow
 # small enough for CI's two cores; the template's other local values come from samconfig.toml
 TRAINING = hp(max_steps=60, n_positions=64, block_size=32, vocab_size=384)
 OVERRIDES = [f"TrainingHyperparameters={json.dumps(TRAINING)}", "EdgeSequenceLength=32"]
+# an account that may run one transform instance at a time: batches that arrive while a job
+# runs wait for it (in the queue, not the DLQ)
+QUOTA = ("--quota", "ml.g5.xlarge for transform job usage=1")
 
 
 @pytest.fixture(scope="module")
 def local(tmp_path_factory):
-    yield from running_stack(tmp_path_factory, "local", OVERRIDES)
+    yield from running_stack(tmp_path_factory, "local", OVERRIDES, QUOTA)
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +125,42 @@ def test_uploads_become_predictions_beside_a_success_report(local, champion):
         assert f["output_tokens"] == sum(u["completion_tokens"] for u in used if u) > 0
         assert report["input_tokens"] == sum(x["input_tokens"] for x in report["outputs"])
         assert report["instance_seconds"] > 0 and report["cost"]["usd"] > 0, report
+
+
+def test_batches_beyond_the_quota_wait_and_all_complete(local, champion):
+    """Quota 1 instance, three batches arriving while the first job runs: all three complete,
+    never two jobs at once, nothing in the DLQ (waiting does not count receives)."""
+    users = local.users
+    keys = [f"incoming/quota/batch-{i}.jsonl" for i in range(3)]
+    for i, key in enumerate(keys):
+        if i:
+            time.sleep(3)  # past the 2 s batching window: a batch (and a job) each
+        users.put(
+            key,
+            [
+                json.dumps(
+                    {"id": i, "text": "The lazy cat eats", "parameters": {"max_new_tokens": 2}}
+                )
+            ],
+        )
+    reports = users.wait_for_reports(keys)
+    assert len(reports) == 3
+    assert all(r["status"] == "Completed" for r in reports.values())
+    sm = local.client("sagemaker")
+    spans = sorted(
+        (j["CreationTime"], j["TransformEndTime"])
+        for j in (sm.describe_transform_job(TransformJobName=r["job"]) for r in reports.values())
+    )
+    for (_, ended), (created, _) in itertools.pairwise(spans):
+        assert created >= ended, spans  # one instance: a job starts after the previous ended
+    log = (local.state / "logs" / "functions" / "sluice-local-start-transform.log").read_text()
+    assert "cannot start yet" in log and "ResourceLimitExceeded" in log
+    sqs = local.client("sqs")
+    dlq = sqs.get_queue_attributes(
+        QueueUrl=local.status["outputs"]["IncomingDeadLetterQueueUrl"],
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    assert dlq == {"ApproximateNumberOfMessages": "0", "ApproximateNumberOfMessagesNotVisible": "0"}
 
 
 def test_a_failing_file_gets_a_failure_report_and_a_notification(local, champion):

@@ -81,6 +81,8 @@ def aws(monkeypatch):
         ]["QueueArn"]
         sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=inbox_arn)
         monkeypatch.setenv("TOPIC_ARN", topic)
+        monkeypatch.setenv("INCOMING_QUEUE_URL", queue)  # where waiting uploads go back
+        monkeypatch.setenv("QUOTA_RETRY_SECONDS", "1")
         sm.create_model(
             ModelName="sluice-dev-model-1",
             ExecutionRoleArn=env["SAGEMAKER_ROLE_ARN"],
@@ -98,7 +100,12 @@ def sqs_event(aws, expect: int | None = None) -> dict:
     while True:
         got = (
             aws["sqs"]
-            .receive_message(QueueUrl=aws["queue"], MaxNumberOfMessages=10, AttributeNames=["All"])
+            .receive_message(
+                QueueUrl=aws["queue"],
+                MaxNumberOfMessages=10,
+                AttributeNames=["All"],
+                MessageAttributeNames=["All"],
+            )
             .get("Messages", [])
         )
         if not got:
@@ -110,7 +117,10 @@ def sqs_event(aws, expect: int | None = None) -> dict:
                     "receiptHandle": m["ReceiptHandle"],
                     "body": m["Body"],
                     "attributes": {**m["Attributes"], "ApproximateReceiveCount": "1"},
-                    "messageAttributes": {},
+                    "messageAttributes": {
+                        k: {"stringValue": v["StringValue"], "dataType": v["DataType"]}
+                        for k, v in m.get("MessageAttributes", {}).items()
+                    },
                     "md5OfBody": m["MD5OfBody"],
                     "eventSource": "aws:sqs",
                     "eventSourceARN": f"arn:aws:sqs:{REGION}:{ACCOUNT}:incoming",
@@ -262,23 +272,108 @@ def test_uploads_claimed_by_an_invocation_in_flight_are_retried_and_stale_claims
     assert len(jobs(aws)) == 1
 
 
-def test_throttling_reports_the_messages_for_retry(aws, monkeypatch):
+def refuse_with(monkeypatch, code: str, message: str):
+    """CreateTransformJob answers this error (as SageMaker words it) until the patch is undone."""
     from sluice_functions.aws import client
+
+    def refused(**kw):
+        raise ClientError({"Error": {"Code": code, "Message": message}}, "CreateTransformJob")
+
+    monkeypatch.setattr(client("sagemaker"), "create_transform_job", refused)
+
+
+def quota_message(limit: int, used: int) -> str:
+    """The local SageMaker's ResourceLimitExceeded for one more ml.g5.xlarge instance: the same
+    text the handler reads on AWS."""
+    from sluice_local.sagemaker.quotas import check
+    from sluice_local.sagemaker.shapes import ApiError
+
+    job = {"TransformResources": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 1}}
+    with pytest.raises(ApiError) as e:
+        check("TransformJob", job, [job] * used, {"ml.g5.xlarge for transform job usage": limit})
+    assert e.value.code == "ResourceLimitExceeded"
+    return e.value.message
+
+
+def delayed(aws) -> int:
+    attrs = aws["sqs"].get_queue_attributes(QueueUrl=aws["queue"], AttributeNames=["All"])
+    return int(attrs["Attributes"]["ApproximateNumberOfMessagesDelayed"])
+
+
+@pytest.mark.parametrize(
+    "code, message",
+    [("ResourceLimitExceeded", None), ("ThrottlingException", "Rate exceeded")],
+)
+def test_work_that_cannot_start_yet_waits_in_the_queue_not_the_dlq(aws, monkeypatch, code, message):
+    """The quota in use (or CreateTransformJob throttled): the messages go back to the queue,
+    delayed, and are acknowledged, so no receive counts towards the DLQ; once the quota frees,
+    the same uploads start their job."""
+    import time
 
     upload(aws, "incoming/x.jsonl")
     upload(aws, "incoming/y.jsonl")
+    first = sqs_event(aws)
+    bodies = sorted(r["body"] for r in first["Records"] if "TestEvent" not in r["body"])
+    with monkeypatch.context() as m:
+        refuse_with(m, code, message or quota_message(limit=1, used=1))
+        assert start(first) == {"batchItemFailures": []}
+    assert jobs(aws) == [] and delayed(aws) == 2
+    time.sleep(1.5)  # QUOTA_RETRY_SECONDS=1: the first wait is a second
+    again = sqs_event(aws, expect=2)
+    assert sorted(r["body"] for r in again["Records"]) == bodies
+    for r in again["Records"]:
+        waits = r["messageAttributes"]
+        assert waits["SluiceWaits"]["stringValue"] == "1"
+        assert float(waits["SluiceWaitingSince"]["stringValue"]) <= time.time()
+    assert start(again) == {"batchItemFailures": []}
+    [job] = jobs(aws)
+    assert len(job_inputs(aws, job)) == 2
+
+
+def job_inputs(aws, job: dict) -> list[str]:
+    uri = job["TransformInput"]["DataSource"]["S3DataSource"]["S3Uri"]
+    manifest = aws["s3"].get_object(Bucket=BUCKET, Key=uri.split("/", 3)[3])["Body"].read()
+    return json.loads(manifest)[1:]
+
+
+def test_a_quota_smaller_than_one_job_fails_at_once_with_a_report(aws, monkeypatch):
+    """A quota of 0 instances (a new account's, for many GPU types) never fits: waiting would
+    not help, so the uploads fail as before (retried, then the DLQ) with a report that names
+    the quota to raise."""
+    upload(aws, "incoming/x.jsonl")
     event = sqs_event(aws)
-    file_ids = sorted(r["messageId"] for r in event["Records"] if "TestEvent" not in r["body"])
-
-    def throttled(**kw):
-        raise ClientError(
-            {"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "CreateTransformJob"
-        )
-
-    monkeypatch.setattr(client("sagemaker"), "create_transform_job", throttled)
+    refuse_with(monkeypatch, "ResourceLimitExceeded", quota_message(limit=0, used=0))
     failures = start(event)["batchItemFailures"]
-    assert sorted(f["itemIdentifier"] for f in failures) == file_ids
-    assert jobs(aws) == []
+    assert len(failures) == 1 and delayed(aws) == 0
+    [report_key] = [
+        o["Key"] for o in aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix="outputs/")["Contents"]
+    ]
+    report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=report_key)["Body"].read())
+    assert report["status"] == "ResourceLimitExceeded"
+    assert "'ml.g5.xlarge for transform job usage' is 0" in report["reason"]
+    assert "Service Quotas" in report["reason"]
+    assert notifications(aws)
+
+
+def test_work_that_waited_past_the_limit_fails_with_a_report(aws, monkeypatch):
+    import time
+
+    monkeypatch.setenv("MAX_WAIT_HOURS", "1")
+    upload(aws, "incoming/x.jsonl")
+    event = sqs_event(aws)
+    [record] = [r for r in event["Records"] if "TestEvent" not in r["body"]]
+    record["messageAttributes"] = {
+        "SluiceWaits": {"stringValue": "9", "dataType": "Number"},
+        "SluiceWaitingSince": {"stringValue": str(time.time() - 3700), "dataType": "Number"},
+    }
+    refuse_with(monkeypatch, "ResourceLimitExceeded", quota_message(limit=2, used=2))
+    failures = start({"Records": [record]})["batchItemFailures"]
+    assert failures == [{"itemIdentifier": record["messageId"]}] and delayed(aws) == 0
+    [report_key] = [
+        o["Key"] for o in aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix="outputs/")["Contents"]
+    ]
+    report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=report_key)["Body"].read())
+    assert report["status"] == "QuotaWaitExpired" and "waited 1.0 h" in report["reason"]
 
 
 def test_malformed_messages_are_acknowledged_and_counted(aws, capfd, caplog):

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from .. import ACCOUNT, REGION, aws_rules
 from ..validation import message
+from . import quotas
+from .quotas import RUNNING
 from .shapes import ApiError, member_shape, operation, output, render, validate
 
 
@@ -73,8 +75,14 @@ def arn(kind: Kind, name: str) -> str:
 class LocalSageMaker:
     """Answers SageMaker API calls; `runners[kind]` run what a Create starts."""
 
-    def __init__(self, state_dir: Path, emit: Callable[[str, dict], None]):
+    def __init__(
+        self,
+        state_dir: Path,
+        emit: Callable[[str, dict], None],
+        quotas: dict[str, int] | None = None,
+    ):
         self.dir = state_dir
+        self.quotas = dict(quotas or {})  # Service Quotas name -> instances (quotas.py)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = self.dir / "state.json"
         self.emit = emit  # (detail-type, detail) -> the event bus
@@ -255,6 +263,8 @@ class LocalSageMaker:
                     "exists (names must be unique).",
                 )
             self._check_references(kind, record)
+            running = [r for r in self.resources[kind].values() if r.get(k.status) in RUNNING]
+            quotas.check(kind, record, running, self.quotas)
             self.resources[kind][_key(kind, name)] = record
             self.tags[record[f"{kind}Arn"]] = p.get("Tags", [])
             self.save()

@@ -1,0 +1,80 @@
+"""What may wait for capacity and for how long (sluice_functions.waiting), and the local
+SageMaker's account quotas (sluice_local.sagemaker.quotas) that answer as SageMaker does."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice_functions import waiting
+from sluice_local.sagemaker import quotas
+from sluice_local.sagemaker.shapes import ApiError
+
+# SageMaker's own words (seen on AWS for training jobs; the same sentence for every usage quota)
+AWS_MESSAGE = (
+    "The account-level service limit 'ml.p3.8xlarge for training job usage' is 2 Instances, with "
+    "current utilization of 3 Instances and a request delta of 1 Instances. Please contact AWS "
+    "support to request an increase for this limit."
+)
+
+
+def test_sagemakers_quota_message_is_read():
+    q = waiting.quota(AWS_MESSAGE)
+    assert q == waiting.Quota("ml.p3.8xlarge for training job usage", 2, 3, 1)
+    assert not q.never_fits
+    assert waiting.why_waiting_cannot_help("ResourceLimitExceeded", AWS_MESSAGE) is None
+    zero = AWS_MESSAGE.replace("is 2 Instances", "is 0 Instances")
+    why = waiting.why_waiting_cannot_help("ResourceLimitExceeded", zero)
+    assert "quota 'ml.p3.8xlarge for training job usage' is 0" in why
+    # a quota message worded otherwise still waits (bounded by MaxWaitHours)
+    assert waiting.why_waiting_cannot_help("ResourceLimitExceeded", "too many jobs") is None
+    assert waiting.why_waiting_cannot_help("ThrottlingException", "Rate exceeded") is None
+    assert waiting.why_waiting_cannot_help("ValidationException", "bad").startswith("Validation")
+
+
+def test_the_delay_doubles_up_to_sixteen_times_and_sqs_maximum():
+    assert [round(waiting.delay_s(w, 60) / 60) for w in range(3)] in ([1, 2, 4], [1, 2, 3])
+    assert all(waiting.delay_s(w, 60) <= 900 for w in range(20))
+    assert max(waiting.delay_s(9, 2) for _ in range(50)) <= 32  # 16x the first wait
+    assert min(waiting.delay_s(0, 1) for _ in range(50)) == 1  # SQS counts whole seconds
+
+
+def test_waiting_state_from_message_attributes():
+    fresh = waiting.Waiting.of({}, now=100.0)
+    assert fresh == waiting.Waiting(0, 100.0) and not fresh.expired(100.0, 3600)
+    attrs = fresh.next_attributes()
+    assert attrs["SluiceWaits"] == {"DataType": "Number", "StringValue": "1"}
+    lambda_shape = {k: {"stringValue": v["StringValue"]} for k, v in attrs.items()}
+    again = waiting.Waiting.of(lambda_shape, now=5000.0)
+    assert again == waiting.Waiting(1, 100.0) and again.expired(5000.0, 3600)
+    assert waiting.Waiting.of({"SluiceWaits": {"stringValue": "x"}}, 7.0) == waiting.Waiting(0, 7.0)
+
+
+def transform(instance_type: str = "ml.g5.xlarge", count: int = 1) -> dict:
+    return {"TransformResources": {"InstanceType": instance_type, "InstanceCount": count}}
+
+
+def test_local_quotas_refuse_as_sagemaker_does():
+    limits = {"ml.g5.xlarge for transform job usage": 1}
+    quotas.check("TransformJob", transform(), [], limits)
+    with pytest.raises(ApiError) as e:
+        quotas.check("TransformJob", transform(), [transform()], limits)
+    assert e.value.code == "ResourceLimitExceeded" and e.value.status == 400
+    assert waiting.quota(e.value.message) == waiting.Quota(
+        "ml.g5.xlarge for transform job usage", 1, 1, 1
+    )
+    quotas.check("TransformJob", transform("ml.m5.xlarge"), [transform()], limits)
+    # unnamed: transform 2 of each type; training unlimited
+    quotas.check("TransformJob", transform("ml.m5.xlarge"), [transform("ml.m5.xlarge")], {})
+    with pytest.raises(ApiError):
+        quotas.check("TransformJob", transform("ml.m5.xlarge", 3), [], {})
+    training = {"ResourceConfig": {"InstanceType": "ml.g5.xlarge", "InstanceCount": 8}}
+    quotas.check("TrainingJob", training, [training] * 4, {})
+
+
+def test_quota_flags_are_parsed_or_refused():
+    assert quotas.parse(["ml.g5.xlarge for transform job usage=1"]) == {
+        "ml.g5.xlarge for transform job usage": 1
+    }
+    for bad in ("ml.g5.xlarge=1", "ml.g5.xlarge for transform job usage=one"):
+        with pytest.raises(ValueError, match="expected '<instance type> for"):
+            quotas.parse([bad])
