@@ -141,6 +141,8 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
         # a duplicate event adds zeros: each job's figures count once
         for metric, field, unit in JOB_METRICS:
             metrics.add_metric(metric, unit, (report[field] or 0) if wrote else 0)
+        if wrote and report["duration_s"] is not None:  # percentiles: never a duplicate's zero
+            metrics.add_metric("JobSeconds", MetricUnit.Seconds, report["duration_s"])
     else:
         report = failure_report(
             name,

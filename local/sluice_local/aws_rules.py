@@ -28,6 +28,7 @@ LAMBDA_API = "https://docs.aws.amazon.com/lambda/latest/api"
 LAMBDA_DG = "https://docs.aws.amazon.com/lambda/latest/dg"
 SAGEMAKER_DG = "https://docs.aws.amazon.com/sagemaker/latest/dg"
 AUTOSCALING_API = "https://docs.aws.amazon.com/autoscaling/application/APIReference"
+CLOUDWATCH_API = "https://docs.aws.amazon.com/AmazonCloudWatch/latest/APIReference"
 
 
 class World(Protocol):
@@ -419,6 +420,64 @@ def _device_or_platform(p: dict, world) -> str | None:
     out = p.get("OutputConfig") or {}
     if bool(out.get("TargetDevice")) == bool(out.get("TargetPlatform")):
         return "OutputConfig needs exactly one of TargetDevice or TargetPlatform"
+    return None
+
+
+# --- CloudWatch dashboards ------------------------------------------------------------------------
+
+WIDGET_TYPES = ("metric", "text", "log", "alarm", "explorer")
+
+
+@rule(
+    "dashboard-body",
+    "cloudwatch",
+    "PutDashboard",
+    f"{CLOUDWATCH_API}/CloudWatch-Dashboard-Body-Structure.html",
+)
+def _dashboard_body(p: dict, world) -> str | None:
+    import json
+
+    try:
+        body = json.loads(p.get("DashboardBody", ""))
+    except ValueError as e:
+        return f"The field DashboardBody must be a valid JSON object: {e}"
+    widgets = body.get("widgets") if isinstance(body, dict) else None
+    if not isinstance(widgets, list) or len(widgets) > 500:
+        return "The dashboard must include a widgets array of between 0 and 500 widget objects"
+    for i, w in enumerate(widgets):
+        where, props = f"widgets[{i}]", w.get("properties") or {}
+        if w.get("type") not in WIDGET_TYPES:
+            return f"{where}: type must be one of {', '.join(WIDGET_TYPES)}"
+        if not 1 <= w.get("width", 6) <= 24 or not 1 <= w.get("height", 6) <= 1000:
+            return f"{where}: width is 1 to 24 and height 1 to 1000 grid units"
+        if not 0 <= w.get("x", 0) <= 23:
+            return f"{where}: x is 0 to 23"
+        if w["type"] == "text" and not isinstance(props.get("markdown"), str):
+            return f"{where}: a text widget needs properties.markdown"
+        if w["type"] == "metric":
+            said = _metric_widget(props)
+            if said:
+                return f"{where}: {said}"
+    return None
+
+
+def _metric_widget(props: dict) -> str | None:
+    if not props.get("region"):
+        return "a metric widget needs properties.region"
+    period = props.get("period", 300)
+    if period not in (1, 5, 10, 30) and (period < 60 or period % 60):
+        return f"period {period}: valid values are 1, 5, 10, 30, and any multiple of 60"
+    for row in props.get("metrics") or []:
+        if len(row) == 1 and isinstance(row[0], dict) and "expression" in row[0]:
+            continue  # metric math
+        names = [x for x in row if isinstance(x, str)]
+        if not row or any(isinstance(x, dict) for x in row[:-1]) or len(names) < 2:
+            return (
+                f"metric {row}: Namespace, MetricName, then dimension name/value pairs, then "
+                "an optional rendering object"
+            )
+        if len(names) % 2:
+            return f"metric {row}: each dimension name needs its value"
     return None
 
 

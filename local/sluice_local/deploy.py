@@ -121,6 +121,7 @@ class Deployer:
             "AWS::IAM::ManagedPolicy": self.managed_policy,
             "AWS::Logs::LogGroup": self.log_group,
             "AWS::CloudWatch::Alarm": self.alarm,
+            "AWS::CloudWatch::Dashboard": self.dashboard,
             "AWS::Events::Rule": self.rule,
             "AWS::Scheduler::Schedule": self.schedule,
             "AWS::StepFunctions::StateMachine": self.state_machine,
@@ -442,8 +443,21 @@ class Deployer:
                 request[k] = int(request[k])
         if "Threshold" in request:
             request["Threshold"] = float(request["Threshold"])
+        for query in request.get("Metrics", []):  # metric math: CloudFormation's strings to ints
+            for part in (query, query.get("MetricStat") or {}):
+                if "Period" in part:
+                    part["Period"] = int(part["Period"])
+            if "ReturnData" in query:
+                query["ReturnData"] = str(query["ReturnData"]).lower() == "true"
         self.client("cloudwatch").put_metric_alarm(AlarmName=name, **request)
         return {"Ref": name, "Arn": f"arn:aws:cloudwatch:{REGION}:{ACCOUNT}:alarm:{name}"}
+
+    def dashboard(self, rid: str, p: dict) -> dict:
+        name = p.get("DashboardName") or self._name(rid, 255)
+        self.client("cloudwatch").put_dashboard(
+            DashboardName=name, DashboardBody=p["DashboardBody"]
+        )
+        return {"Ref": name}
 
     def rule(self, rid: str, p: dict) -> dict:
         events = self.client("events")
@@ -647,6 +661,7 @@ ALARM_FIELDS = (
     "AlarmActions",
     "OKActions",
     "InsufficientDataActions",
+    "Metrics",
 )
 
 

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from cfnlint.decode import cfn_yaml
 
-T = cfn_yaml.load(str(Path(__file__).resolve().parents[2] / "template.yaml"))
+REPO = Path(__file__).resolve().parents[2]
+T = cfn_yaml.load(str(REPO / "template.yaml"))
 R = T["Resources"]
 
 
@@ -213,64 +214,7 @@ def test_every_error_a_retry_or_catch_names_can_reach_its_state():
 
 # --- wiring: what one resource reads, another must emit or allow ---------------------------------
 
-# Metrics AWS services publish, with the dimensions an alarm may filter on (SageMaker developer
-# guide, "Amazon SageMaker AI metrics in Amazon CloudWatch": endpoint invocation metrics).
-AWS_METRICS = {
-    "AWS/SageMaker": {
-        "Invocations": {"EndpointName", "VariantName"},
-        "Invocation4XXErrors": {"EndpointName", "VariantName"},
-        "Invocation5XXErrors": {"EndpointName", "VariantName"},
-        "ModelLatency": {"EndpointName", "VariantName"},
-        "OverheadLatency": {"EndpointName", "VariantName"},
-    }
-}
-
-
-def emitted_metrics() -> dict[str, set[str]]:
-    """Powertools metric names each function module adds (its `metrics.add_metric` calls)."""
-    import ast
-
-    out: dict[str, set[str]] = {}
-    for path in (REPO / "functions" / "sluice_functions").glob("*.py"):
-        names = out.setdefault(path.stem, set())
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "add_metric"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                names.add(node.args[0].value)
-    return out
-
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.mark.parametrize("name", [n for n, r in R.items() if r["Type"] == "AWS::CloudWatch::Alarm"])
-def test_every_alarm_reads_a_metric_something_emits_with_those_dimensions(name):
-    """Powertools adds one dimension, `service` = the function's POWERTOOLS_SERVICE_NAME: an
-    alarm filtering on any other value (DriftAlarm's `retrain-trigger`) never fires."""
-    p = R[name]["Properties"]
-    dims = {d["Name"]: d["Value"] for d in p.get("Dimensions", [])}
-    if p["Namespace"] in AWS_METRICS:
-        assert set(dims) == AWS_METRICS[p["Namespace"]][p["MetricName"]]
-        return
-    assert (
-        p["Namespace"]
-        == T["Globals"]["Function"]["Environment"]["Variables"]["POWERTOOLS_METRICS_NAMESPACE"]
-    )
-    emitters = emitted_metrics()
-    services = set()
-    for fn in R.values():
-        if fn["Type"] != "AWS::Serverless::Function":
-            continue
-        module = fn["Properties"]["Handler"].split(".")[1]
-        if p["MetricName"] in emitters.get(module, set()):
-            services.add(fn["Properties"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"])
-    assert services, f"no function emits {p['MetricName']}"
-    assert set(dims) == {"service"} and dims["service"] in services, (dims, services)
+# (the metrics alarms and the dashboard read: tests/unit/test_ops_view.py)
 
 
 def test_eventbridge_may_use_the_key_of_the_topic_it_publishes_to():
