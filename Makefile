@@ -20,7 +20,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 export SAM_CLI_TELEMETRY := 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup sdk lint-tools demo test test-fast test-inventory lint image-check gpu-deps format bench clean
+.PHONY: setup sdk lint-tools browser demo test test-fast test-inventory lint image-check gpu-deps format bench clean
 
 setup: $(VENV)/.installed
 
@@ -56,6 +56,12 @@ $(SDK_VENV)/.installed: requirements/sdk.lock
 sdk: $(SDK_VENV)/.installed
 
 lint-tools: $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
+
+# Debian's chromium: the test that opens the local dashboard page headless needs it (CI installs it).
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null || { $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
 
 demo: setup
 	$(VENV)/bin/sluice-local demo

@@ -202,6 +202,21 @@ class Server:
             self.proc.wait(timeout=60)
 
 
+def chromium() -> str:
+    """Debian's chromium (`make browser` installs it; CI does). Missing: a failure in CI, a
+    skip elsewhere, naming the command."""
+    import shutil
+
+    import pytest
+
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.environ.get("CI"):
+        pytest.fail("chromium is missing: `make browser` installs Debian's chromium package")
+    pytest.skip("no chromium on this machine: `make browser` installs Debian's chromium package")
+
+
 def running_stack(tmp_path_factory, name: str, overrides: list[str], args: tuple[str, ...] = ()):
     """A module's `sluice-local up` on a fresh state folder (with these extra arguments),
     stopped after its tests."""

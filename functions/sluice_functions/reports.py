@@ -165,3 +165,45 @@ def superseded_key(identity: str) -> str:
     import hashlib
 
     return f"outputs/_superseded/{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+
+
+def _took(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    minutes, secs = divmod(round(seconds), 60)
+    return f" in {minutes} min {secs} s" if minutes else f" in {secs} s"
+
+
+def _listed(uris: list[str], shown: int = 5) -> str:
+    more = f" and {len(uris) - shown} more" if len(uris) > shown else ""
+    return ", ".join(uris[:shown]) + more
+
+
+def notification(report: dict, report_uri: str) -> tuple[str, str]:
+    """(subject, message) a person reads: what happened, where the outputs are, how many
+    records and errors, how long, what it cost; the report's JSON follows for tools."""
+    job, status = report["job"], report["status"]
+    folder = report_uri.rsplit("/", 1)[0] + "/"
+    if status == "Completed":
+        cost = (report.get("cost") or {}).get("usd")
+        lines = [
+            f"Transform job {job} completed{_took(report.get('duration_s'))}.",
+            f"{len(report['inputs'])} input file(s): {report['records']} records, "
+            f"{report['error_lines']} error lines; {report['input_tokens']} tokens in, "
+            f"{report['output_tokens']} out"
+            + (
+                f"; about ${cost:.2f} ({report['instance_type']} x{report['instance_count']})."
+                if cost is not None
+                else "."
+            ),
+            f"Outputs: {folder} (each input's <name>.out, under its path below incoming/)",
+        ]
+    else:
+        lines = [
+            f"Transform job {job}: {status}{_took(report.get('duration_s'))}.",
+            f"Why: {report['reason']}",
+            f"Inputs ({len(report['inputs'])}): {_listed(report['inputs'])}",
+            f"What to do: {report['action']}. Runbook: docs/batch.md#transform-jobs-failed",
+        ]
+    lines += [f"Report: {report_uri}", "", json.dumps(report, indent=2)]
+    return f"Sluice transform {status.lower()}: {job}"[:100], "\n".join(lines)

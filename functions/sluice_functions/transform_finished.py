@@ -30,6 +30,7 @@ from .reports import (
     duration_s,
     errors_key,
     failure_report,
+    notification,
     parse_manifest,
     report_key,
     split_uri,
@@ -113,6 +114,13 @@ def write_once(uri: str, key: str, report: dict) -> bool:
         raise
 
 
+def notify(report: dict, output_uri: str, key: str) -> None:
+    """The job's report to the topic, in words a person reads first (reports.notification)."""
+    bucket, _ = split_uri(output_uri)
+    subject, message = notification(report, f"s3://{bucket}/{key}")
+    client("sns").publish(TopicArn=os.environ["TOPIC_ARN"], Subject=subject, Message=message)
+
+
 @metrics.log_metrics
 @logger.inject_lambda_context
 @event_source(data_class=EventBridgeEvent)
@@ -143,6 +151,8 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
             metrics.add_metric(metric, unit, (report[field] or 0) if wrote else 0)
         if wrote and report["duration_s"] is not None:  # percentiles: never a duplicate's zero
             metrics.add_metric("JobSeconds", MetricUnit.Seconds, report["duration_s"])
+        if wrote and os.environ.get("NOTIFY_ON_SUCCESS", "true").lower() == "true":
+            notify(report, output_uri, key)
     else:
         report = failure_report(
             name,
@@ -157,10 +167,6 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
         wrote = write_once(output_uri, key, report)
         if wrote:
             metrics.add_metric("JobsFailed", MetricUnit.Count, 1)
-            client("sns").publish(
-                TopicArn=os.environ["TOPIC_ARN"],
-                Subject=f"Sluice transform {status.lower()}: {name}"[:100],
-                Message=json.dumps(report, indent=2),
-            )
+            notify(report, output_uri, key)
     logger.info("report", extra={"key": key, "written": wrote, "status": status})
     return {"job": name, "status": status, "report": key, "written": wrote}

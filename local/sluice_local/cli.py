@@ -56,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=text)
         s.add_argument("--endpoint", default=f"http://127.0.0.1:{DEFAULT_PORT}")
 
+    dash = sub.add_parser(
+        "dashboard",
+        help="write the stack's CloudWatch dashboard, drawn from its metrics, as one HTML page",
+    )
+    dash.add_argument("--endpoint", default=f"http://127.0.0.1:{DEFAULT_PORT}")
+    dash.add_argument("--output", type=Path, default=Path("sluice-dashboard.html"))
+    dash.add_argument("--hours", type=float, default=3.0, help="how far back (default 3)")
+
     sched = sub.add_parser("schedule", help="fire a schedule now (e.g. the retrain sweep)")
     sched.add_argument("name", help="schedule name (see `sluice-local status`)")
     sched.add_argument("--endpoint", default=f"http://127.0.0.1:{DEFAULT_PORT}")
@@ -274,11 +282,11 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
-def _get(endpoint: str, path: str, method: str = "GET") -> dict:
+def _get(endpoint: str, path: str, method: str = "GET", raw: bool = False):
     req = urllib.request.Request(endpoint.rstrip("/") + path, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.read() if raw else json.loads(r.read())
     except urllib.error.HTTPError as e:
         raise SystemExit(f"{method} {path}: {json.loads(e.read()).get('message', e)}") from None
     except urllib.error.URLError as e:
@@ -306,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
             from .plan import run
 
             print(run(args))
+            return 0
+        if args.command == "dashboard":
+            page = _get(args.endpoint, f"/_sluice/dashboard?hours={args.hours:g}", raw=True)
+            args.output.write_bytes(page)
+            print(args.output.resolve())
             return 0
         if args.command == "schedule":
             print(json.dumps(_get(args.endpoint, f"/_sluice/schedules/{args.name}", "POST")))

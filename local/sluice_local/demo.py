@@ -192,6 +192,9 @@ def run_demo(args) -> int:
         story(
             Users(stack.client, stack.deployment.outputs, stack.dir / "logs"), stack.notifications
         )
+        page = state.parent / "dashboard.html"
+        page.write_text(stack.dashboard_html(hours=1))
+        step(f"The dashboard sluice-{stack.stage}, drawn from this run's metrics: {page.resolve()}")
     except DemoFailed as e:
         print(f"\ndemo failed: {e}", file=sys.stderr)
         return 1

@@ -283,6 +283,14 @@ class Gateway:
             return _json(
                 start_response, 200, self.stack.notifications(), content_type="application/json"
             )
+        if path == "/_sluice/dashboard":
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            page = self.stack.dashboard_html(float(query.get("hours", ["3"])[0])).encode()
+            start_response(
+                "200 OK",
+                [("Content-Type", "text/html; charset=utf-8"), ("Content-Length", str(len(page)))],
+            )
+            return [page]
         m = re.match(r"^/_sluice/schedules/([^/]+)$", path)
         if m and method == "POST":
             try:

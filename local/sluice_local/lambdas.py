@@ -164,6 +164,7 @@ class Functions:
                     del os.environ[k]
                 os.environ.update(saved)
         self._record(spec, context, captured.getvalue(), duration)
+        self._lambda_metrics(spec, duration, error is not None)
         if duration > spec.timeout_s * 1000:
             self.say(
                 "lambda",
@@ -220,6 +221,25 @@ class Functions:
                     put_emf(self.client("cloudwatch"), json.loads(line))
                 except Exception as e:  # a metric must never fail the invocation
                     self.say("lambda", f"{spec.name}: metric not recorded: {e}")
+
+    def _lambda_metrics(self, spec: FunctionSpec, duration_ms: float, failed: bool) -> None:
+        """What Lambda publishes per invocation (AWS/Lambda, FunctionName). Invocations here
+        run one at a time, never throttled."""
+        dims = [{"Name": "FunctionName", "Value": spec.name}]
+        data = [
+            {"MetricName": name, "Dimensions": dims, "Value": value, "Unit": unit}
+            for name, value, unit in (
+                ("Invocations", 1, "Count"),
+                ("Errors", int(failed), "Count"),
+                ("Throttles", 0, "Count"),
+                ("Duration", duration_ms, "Milliseconds"),
+                ("ConcurrentExecutions", 1, "Count"),
+            )
+        ]
+        try:
+            self.client("cloudwatch").put_metric_data(Namespace="AWS/Lambda", MetricData=data)
+        except Exception as e:  # a metric must never fail the invocation
+            self.say("lambda", f"{spec.name}: metric not recorded: {e}")
 
     # --- asynchronous invocation ----------------------------------------------------------------
 

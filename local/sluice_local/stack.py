@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 
 from . import ACCOUNT, REGION
+from .alarms import Alarms
 from .deploy import Deployer, Deployment
 from .events import Bus, Poller, Scheduler, Watcher, event
 from .lambdas import Functions
@@ -214,6 +215,7 @@ class LocalStack:
         ]
         self.scheduler = Scheduler(self.client, self.functions, self.say)
         self.watcher = Watcher(self.client, self.bus, self.say)
+        self.alarms = Alarms(self.client, self.say)
         # what the last stop interrupted: executions cannot resume (their ABORTED event goes
         # out, so the failure rule reports them); jobs and endpoints carry on
         for arn in aborted:
@@ -273,6 +275,12 @@ class LocalStack:
                 + "\n"
             )
         self.say("sns", f"{topic}: {subject or message[:100]}")
+
+    def dashboard_html(self, hours: float = 3.0) -> str:
+        """The stack's CloudWatch dashboard drawn from its own metrics (dashboard.py)."""
+        from .dashboard import render
+
+        return render(self.client, self.stage, self.deployment.outputs["DataBucketName"], hours)
 
     def notifications(self) -> list[dict]:
         path = self.dir / "logs" / "notifications.jsonl"
@@ -353,6 +361,7 @@ class LocalStack:
             p.close()
         self.scheduler.close()
         self.watcher.close()
+        self.alarms.close()
         self.bus.drain(10)
         self.bus.close()
         self.functions.close()

@@ -418,8 +418,15 @@ def test_no_model_yet_fails_loudly_and_keeps_the_uploads(aws, caplog):
 
 
 def notifications(aws) -> list[dict]:
+    """The reports notified (the JSON after a notification's lines for people)."""
+    return [json.loads(text[text.index("{") :]) for _, text in notified(aws)]
+
+
+def notified(aws) -> list[tuple[str, str]]:
+    """(subject, message) of each notification on the topic."""
     got = aws["sqs"].receive_message(QueueUrl=aws["inbox"], MaxNumberOfMessages=10)
-    return [json.loads(json.loads(m["Body"])["Message"]) for m in got.get("Messages", [])]
+    bodies = [json.loads(m["Body"]) for m in got.get("Messages", [])]
+    return [(b["Subject"], b["Message"]) for b in bodies]
 
 
 # --- transform_finished --------------------------------------------------------------------------
@@ -527,6 +534,15 @@ def test_completed_job_gets_a_success_report_once(aws, capfd):
     assert [json.loads(x)["custom_id"] for x in lines] == ["r-2"]
     assert report["inputs"] == [f"s3://{BUCKET}/incoming/p/{n}.jsonl" for n in "ab"]
     assert finished(state_change(job, "Completed"))["written"] is False  # duplicate event
+    # one notification (not two: the duplicate event wrote nothing), its first lines for people
+    [(subject, text)] = notified(aws)
+    assert subject == f"Sluice transform completed: {job['TransformJobName']}"
+    lines = text.splitlines()
+    assert lines[0] == f"Transform job {job['TransformJobName']} completed in 10 min 0 s."
+    assert lines[1].startswith("2 input file(s): 5 records, 2 error lines; 10 tokens in, 6 out")
+    assert f"about ${cost['usd']:.2f} ({kind} x{count})" in lines[1]
+    assert lines[2].startswith(f"Outputs: s3://{BUCKET}/{prefix} ")
+    assert lines[3] == f"Report: s3://{BUCKET}/{prefix}_SUCCESS.json"
 
 
 def test_failed_job_reports_and_notifies_once(aws):
@@ -538,8 +554,15 @@ def test_failed_job_reports_and_notifies_once(aws):
     assert report["reason"] == "ClientError: model container failed a ping"
     assert len(report["inputs"]) == 2
     assert finished(event)["written"] is False
-    (note,) = notifications(aws)
+    [(subject, text)] = notified(aws)
+    note = json.loads(text[text.index("{") :])
     assert note["job"] == job["TransformJobName"] and note["status"] == "Failed"
+    assert subject == f"Sluice transform failed: {job['TransformJobName']}"
+    first = text.splitlines()[:4]
+    assert first[0].startswith(f"Transform job {job['TransformJobName']}: Failed")
+    assert first[1] == "Why: ClientError: model container failed a ping"
+    assert first[2].startswith("Inputs (2): s3://")
+    assert first[3].endswith("Runbook: docs/batch.md#transform-jobs-failed")
 
 
 def test_a_failed_job_whose_manifest_is_gone_still_names_its_uploads(aws):
