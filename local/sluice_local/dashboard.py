@@ -30,6 +30,16 @@ def render(client, stage: str, bucket: str, hours: float = 3.0, period_s: int = 
     body = json.loads(client("cloudwatch").get_dashboard(DashboardName=name)["DashboardBody"])
     now = time.time()
     start = now - hours * 3600
+    # the charts' time axis: from the first datapoint (a short run fills the width), at most
+    # `hours` back
+    series = {
+        (i, j): _series(*_metric(row, w.get("properties", {})), start, now, period_s)
+        for i, w in enumerate(body["widgets"])
+        if w["type"] == "metric"
+        for j, row in enumerate(w.get("properties", {}).get("metrics", []))
+    }
+    firsts = [_epoch(xs[0]) for xs, _ in series.values() if xs]
+    shown_from = max(start, min(firsts) - period_s) if firsts else start
     cells = []
     for i, w in enumerate(body["widgets"]):
         place = (
@@ -40,15 +50,13 @@ def render(client, stage: str, bucket: str, hours: float = 3.0, period_s: int = 
         if w["type"] == "text":
             cells.append(f'<div class="text" style="{place}">{_markdown(props["markdown"])}</div>')
             continue
-        period = min(props.get("period", 300), period_s)
         fig = go.Figure()
         points = 0
-        for row in props.get("metrics", []):
+        for j, row in enumerate(props.get("metrics", [])):
             strings = [x for x in row if isinstance(x, str)]
             opts = row[-1] if isinstance(row[-1], dict) else {}
             dims = dict(zip(strings[2::2], strings[3::2], strict=True))
-            stat = opts.get("stat", props.get("stat", "Average"))
-            xs, ys = _series(strings[0], strings[1], dims, stat, start, now, period)
+            xs, ys = series[(i, j)]
             points += len(xs)
             label = opts.get("label") or " ".join([strings[1], *_short(dims)])
             fig.add_trace(
@@ -66,7 +74,7 @@ def render(client, stage: str, bucket: str, hours: float = 3.0, period_s: int = 
             margin={"l": 40, "r": 40, "t": 30, "b": 20},
             legend={"orientation": "h", "font": {"size": 9}},
             yaxis2={"overlaying": "y", "side": "right"},
-            xaxis={"range": [_utc(start), _utc(now)]},
+            xaxis={"range": [_utc(shown_from), _utc(now)]},
             template="plotly_white",
         )
         if not points:
@@ -104,6 +112,18 @@ in periods of {period_s} s (CloudWatch on AWS: the widget's own period). Generat
 <section id="drift"><h2>Latest drift report</h2>{drift}</section>
 </body></html>
 """
+
+
+def _metric(row: list, props: dict) -> tuple[str, str, dict[str, str], str]:
+    """(namespace, name, dimensions, statistic) of one row of a metric widget."""
+    strings = [x for x in row if isinstance(x, str)]
+    opts = row[-1] if isinstance(row[-1], dict) else {}
+    dims = dict(zip(strings[2::2], strings[3::2], strict=True))
+    return strings[0], strings[1], dims, opts.get("stat", props.get("stat", "Average"))
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
 
 
 def _series(namespace, name, dims, stat, start, end, period) -> tuple[list, list]:
