@@ -37,6 +37,7 @@ class FunctionSpec:
     timeout_s: int
     memory_mb: int
     dead_letter_arn: str | None = None
+    reserved_concurrency: int | None = None  # ReservedConcurrentExecutions: None, unreserved
 
     @property
     def arn(self) -> str:
@@ -555,6 +556,11 @@ class Deployer:
             timeout_s=int(p.get("Timeout", 3)),
             memory_mb=int(p.get("MemorySize", 128)),
             dead_letter_arn=(p.get("DeadLetterConfig") or {}).get("TargetArn"),
+            reserved_concurrency=(
+                int(p["ReservedConcurrentExecutions"])
+                if p.get("ReservedConcurrentExecutions") is not None
+                else None
+            ),
         )
         self.out.functions[name] = spec
         return {"Ref": name, "Arn": spec.arn}

@@ -194,14 +194,28 @@ def sqs_record(msg: dict, queue_arn: str) -> dict:
     }
 
 
+# Without ScalingConfig.MaximumConcurrency Lambda's SQS poller scales up to 1,250 concurrent
+# invocations (Lambda developer guide, services-sqs-scaling): as good as unbounded here.
+UNBOUNDED_BATCHES = 1250
+
+
 class Poller:
-    """Lambda's poller for one SQS event source mapping."""
+    """Lambda's poller for one SQS event source mapping.
+
+    Batches are handed to the function concurrently, as Lambda's pollers do, up to the mapping's
+    MaximumConcurrency (then the poller stops receiving until one ends). A batch handed over
+    while the function already runs its ReservedConcurrentExecutions is throttled: it is not
+    run, and its messages come back after the visibility timeout with one receive more, which
+    counts towards the queue's maxReceiveCount (the reason MaximumConcurrency must not exceed
+    the reserved concurrency)."""
 
     def __init__(self, source: EventSource, client, functions, say):
         self.source, self.client, self.functions, self.say = source, client, functions, say
         name = source.queue_arn.rsplit(":", 1)[1]
         self.url = client("sqs").get_queue_url(QueueName=name)["QueueUrl"]
         self.closed = threading.Event()
+        self.slots = threading.Semaphore(source.max_concurrency or UNBOUNDED_BATCHES)
+        self.running: set[threading.Thread] = set()
         self.thread = threading.Thread(target=self._loop, daemon=True, name=f"poller:{name}")
         self.thread.start()
 
@@ -224,7 +238,29 @@ class Poller:
                 if batch and time.monotonic() - first >= self.source.window_s:
                     break
             if batch:
+                self._hand_over(sqs, batch)
+
+    def _hand_over(self, sqs, batch: list[dict]) -> None:
+        """Run the batch beside the others in flight (waiting for a free one first)."""
+        while not self.slots.acquire(timeout=0.5):
+            if self.closed.is_set():
+                return  # not run: the messages come back after their visibility timeout
+        worker = threading.Thread(target=self._run, args=(sqs, batch), daemon=True)
+        self.running.add(worker)
+        worker.start()
+
+    def _run(self, sqs, batch: list[dict]) -> None:
+        try:
+            if not self.functions.reserve(self.source.function):
+                self.functions.throttled(self.source.function, f"SQS {len(batch)} message(s)")
+                return  # back after the visibility timeout, one receive more
+            try:
                 self._invoke(sqs, batch)
+            finally:
+                self.functions.release(self.source.function)
+        finally:
+            self.slots.release()
+            self.running.discard(threading.current_thread())
 
     def _invoke(self, sqs, batch: list[dict]) -> None:
         evt = {"Records": [sqs_record(m, self.source.queue_arn) for m in batch]}
@@ -244,8 +280,12 @@ class Poller:
             if m["MessageId"] in done:
                 sqs.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 60.0) -> None:
+        """Stop receiving; let the batches in flight finish (at most `wait_s`)."""
         self.closed.set()
+        deadline = time.monotonic() + wait_s
+        for worker in list(self.running):
+            worker.join(max(0.0, deadline - time.monotonic()))
 
 
 # --- schedules ---------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ class Functions:
         self.client = client  # (service) -> boto3 client on the local endpoint
         self.outbox = outbox  # asynchronous invocations on disk until they are done
         self.handlers: dict[str, object] = {}
+        self.busy: dict[str, int] = {}  # invocations in flight per function (event sources')
+        self.busy_lock = threading.Lock()
         self.providers: dict[str, dict] = {}  # each function's Powertools Parameters providers
         self.lock = threading.Lock()
         self.queue: queue.Queue = queue.Queue()
@@ -127,6 +129,41 @@ class Functions:
             "_HANDLER": spec.handler,
             **spec.environment,
         }
+
+    # --- concurrency ----------------------------------------------------------------------------
+
+    def reserve(self, name: str) -> bool:
+        """Take a unit of the function's concurrency: False (throttled) when it already runs
+        its ReservedConcurrentExecutions."""
+        spec = self.spec(name)
+        with self.busy_lock:
+            busy = self.busy.get(spec.name, 0)
+            if spec.reserved_concurrency is not None and busy >= spec.reserved_concurrency:
+                return False
+            self.busy[spec.name] = busy + 1
+            return True
+
+    def release(self, name: str) -> None:
+        spec = self.spec(name)
+        with self.busy_lock:
+            self.busy[spec.name] = max(0, self.busy.get(spec.name, 0) - 1)
+
+    def throttled(self, name: str, source: str) -> None:
+        """A throttled invocation: logged and counted (AWS/Lambda Throttles), not run."""
+        spec = self.spec(name)
+        self.say(
+            "lambda",
+            f"{spec.name} <- {source}: throttled (TooManyRequestsException: reserved "
+            f"concurrency {spec.reserved_concurrency} in use)",
+        )
+        dims = [{"Name": "FunctionName", "Value": spec.name}]
+        try:
+            self.client("cloudwatch").put_metric_data(
+                Namespace="AWS/Lambda",
+                MetricData=[{"MetricName": "Throttles", "Dimensions": dims, "Value": 1}],
+            )
+        except Exception as e:  # a metric must never stop the poller
+            self.say("lambda", f"{spec.name}: metric not recorded: {e}")
 
     # --- synchronous invocation -----------------------------------------------------------------
 
