@@ -24,7 +24,7 @@ HANDLER = """import time
 
 
 def handler(event, context):
-    time.sleep(0.1)  # a batch's work: long enough for batches to overlap
+    time.sleep(0.05)  # a batch's work: long enough for batches to overlap
     return {"batchItemFailures": []}
 """
 
@@ -86,6 +86,7 @@ def burst(tmp_path, monkeypatch, max_concurrency: int | None) -> dict:
         }
 
 
+@pytest.mark.slow  # ~8 s: three visibility timeouts of redelivery
 def test_without_maximum_concurrency_a_burst_is_throttled_into_the_dlq(tmp_path, monkeypatch):
     got = burst(tmp_path, monkeypatch, max_concurrency=None)
     assert got["throttled"] > 0 and got["dead"] > 0, got
