@@ -80,7 +80,7 @@ def delay_s(waits: int, first_s: int) -> int:
     """SQS DelaySeconds before the next try: doubling, capped, jittered so that waiting batches
     do not all come back at the same second."""
     full = min(MAX_DELAY_S, first_s * 2 ** min(waits, GROWTH_CAP))
-    return max(1, min(MAX_DELAY_S, round(full * random.uniform(0.8, 1.0))))
+    return max(1, round(full * random.uniform(0.8, 1.0)))
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,10 @@ class Waiting:
 
     @classmethod
     def of(cls, attributes: dict, now: float) -> Waiting:
-        def value(name: str) -> str | None:
-            item = attributes.get(name) or {}
-            return item.get("stringValue") or item.get("StringValue")
+        """From a Lambda SQS record's messageAttributes."""
+
+        def value(name: str) -> str | None:  # Lambda's SQS record shape
+            return (attributes.get(name) or {}).get("stringValue")
 
         try:
             return cls(int(value(WAITS) or 0), float(value(SINCE) or now))

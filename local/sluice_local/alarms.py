@@ -100,9 +100,7 @@ class Alarms:
         first = (int(now) // period - periods + 1) * period
         buckets = [first + i * period for i in range(periods)]
         data = {
-            q["Id"]: self._stat(q["MetricStat"], first, now, buckets)
-            for q in queries
-            if "MetricStat" in q
+            q["Id"]: self._stat(q["MetricStat"], buckets, now) for q in queries if "MetricStat" in q
         }
         shown = next(q for q in queries if q.get("ReturnData", True))
         if "MetricStat" in shown:
@@ -112,13 +110,13 @@ class Alarms:
             for i in range(periods)
         ]
 
-    def _stat(self, stat: dict, first: int, now: float, buckets: list[int]) -> list:
-        """The statistic in each period bucket."""
-        m, period = stat["Metric"], stat["Period"]
+    def _stat(self, stat: dict, buckets: list[int], now: float) -> list:
+        """The statistic in each period bucket (starting at `buckets[0]`, up to now)."""
+        m = stat["Metric"]
         dims = {d["Name"]: d["Value"] for d in m.get("Dimensions", [])}
-        by_bucket: dict[int, list[float]] = {}
-        for at, value in datapoints(m["Namespace"], m["MetricName"], dims, first, now + 1):
-            by_bucket.setdefault(int(at) // period * period, []).append(value)
+        by_bucket = bucketed(
+            m["Namespace"], m["MetricName"], dims, buckets[0], now + 1, stat["Period"]
+        )
         return [statistic(stat["Stat"], by_bucket.get(b, [])) for b in buckets]
 
     def evaluate(self, alarm: dict, now: float | None = None) -> str:
@@ -236,6 +234,17 @@ def datapoints(
         if start <= at <= end:
             out.append((at, float(d.value)))
     return sorted(out)
+
+
+def bucketed(
+    namespace: str, name: str, dims: dict[str, str], start: float, end: float, period: int
+) -> dict[int, list[float]]:
+    """The metric's values by period, keyed by each period's start (on period boundaries, as
+    CloudWatch aggregates them)."""
+    out: dict[int, list[float]] = {}
+    for at, value in datapoints(namespace, name, dims, start, end):
+        out.setdefault(int(at) // period * period, []).append(value)
+    return out
 
 
 def statistic(stat: str, values: list[float]) -> float | None:

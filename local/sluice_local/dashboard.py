@@ -16,7 +16,7 @@ import re
 import time
 from datetime import UTC, datetime
 
-from .alarms import datapoints, statistic
+from .alarms import bucketed, statistic
 
 ROW_PX = 42  # one grid unit of height (CloudWatch's grid is 24 units wide)
 
@@ -32,12 +32,13 @@ def render(client, stage: str, bucket: str, hours: float = 3.0, period_s: int = 
     start = now - hours * 3600
     # the charts' time axis: from the first datapoint (a short run fills the width), at most
     # `hours` back
-    series = {
-        (i, j): _series(*_metric(row, w.get("properties", {})), start, now, period_s)
+    rows = {
+        (i, j): _metric(row, w["properties"])
         for i, w in enumerate(body["widgets"])
         if w["type"] == "metric"
-        for j, row in enumerate(w.get("properties", {}).get("metrics", []))
+        for j, row in enumerate(w["properties"].get("metrics", []))
     }
+    series = {key: _series(*row[:4], start, now, period_s) for key, row in rows.items()}
     firsts = [_epoch(xs[0]) for xs, _ in series.values() if xs]
     shown_from = max(start, min(firsts) - period_s) if firsts else start
     cells = []
@@ -52,13 +53,11 @@ def render(client, stage: str, bucket: str, hours: float = 3.0, period_s: int = 
             continue
         fig = go.Figure()
         points = 0
-        for j, row in enumerate(props.get("metrics", [])):
-            strings = [x for x in row if isinstance(x, str)]
-            opts = row[-1] if isinstance(row[-1], dict) else {}
-            dims = dict(zip(strings[2::2], strings[3::2], strict=True))
+        for j in range(len(props.get("metrics", []))):
+            _, metric, dims, _, opts = rows[(i, j)]
             xs, ys = series[(i, j)]
             points += len(xs)
-            label = opts.get("label") or " ".join([strings[1], *_short(dims)])
+            label = opts.get("label") or " ".join([metric, *_short(dims)])
             fig.add_trace(
                 go.Scatter(
                     x=xs,
@@ -114,12 +113,13 @@ in periods of {period_s} s (CloudWatch on AWS: the widget's own period). Generat
 """
 
 
-def _metric(row: list, props: dict) -> tuple[str, str, dict[str, str], str]:
-    """(namespace, name, dimensions, statistic) of one row of a metric widget."""
+def _metric(row: list, props: dict) -> tuple[str, str, dict[str, str], str, dict]:
+    """(namespace, name, dimensions, statistic, rendering options) of one row of a metric
+    widget (the row's stat, else the widget's)."""
     strings = [x for x in row if isinstance(x, str)]
     opts = row[-1] if isinstance(row[-1], dict) else {}
     dims = dict(zip(strings[2::2], strings[3::2], strict=True))
-    return strings[0], strings[1], dims, opts.get("stat", props.get("stat", "Average"))
+    return strings[0], strings[1], dims, opts.get("stat", props.get("stat", "Average")), opts
 
 
 def _epoch(stamp: str) -> float:
@@ -127,9 +127,7 @@ def _epoch(stamp: str) -> float:
 
 
 def _series(namespace, name, dims, stat, start, end, period) -> tuple[list, list]:
-    buckets: dict[int, list[float]] = {}
-    for at, value in datapoints(namespace, name, dims, start, end):
-        buckets.setdefault(int(at) // period * period, []).append(value)
+    buckets = bucketed(namespace, name, dims, start, end, period)
     keys = sorted(buckets)
     return [_utc(k) for k in keys], [statistic(stat, buckets[k]) for k in keys]
 

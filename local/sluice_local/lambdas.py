@@ -156,14 +156,7 @@ class Functions:
             f"{spec.name} <- {source}: throttled (TooManyRequestsException: reserved "
             f"concurrency {spec.reserved_concurrency} in use)",
         )
-        dims = [{"Name": "FunctionName", "Value": spec.name}]
-        try:
-            self.client("cloudwatch").put_metric_data(
-                Namespace="AWS/Lambda",
-                MetricData=[{"MetricName": "Throttles", "Dimensions": dims, "Value": 1}],
-            )
-        except Exception as e:  # a metric must never stop the poller
-            self.say("lambda", f"{spec.name}: metric not recorded: {e}")
+        self._lambda_metrics(spec, [("Throttles", 1, "Count")])
 
     # --- synchronous invocation -----------------------------------------------------------------
 
@@ -201,7 +194,16 @@ class Functions:
                     del os.environ[k]
                 os.environ.update(saved)
         self._record(spec, context, captured.getvalue(), duration)
-        self._lambda_metrics(spec, duration, error is not None)
+        self._lambda_metrics(
+            spec,
+            [
+                ("Invocations", 1, "Count"),
+                ("Errors", int(error is not None), "Count"),
+                ("Throttles", 0, "Count"),
+                ("Duration", duration, "Milliseconds"),
+                ("ConcurrentExecutions", 1, "Count"),
+            ],
+        )
         if duration > spec.timeout_s * 1000:
             self.say(
                 "lambda",
@@ -259,23 +261,16 @@ class Functions:
                 except Exception as e:  # a metric must never fail the invocation
                     self.say("lambda", f"{spec.name}: metric not recorded: {e}")
 
-    def _lambda_metrics(self, spec: FunctionSpec, duration_ms: float, failed: bool) -> None:
-        """What Lambda publishes per invocation (AWS/Lambda, FunctionName). Invocations here
-        run one at a time, never throttled."""
+    def _lambda_metrics(self, spec: FunctionSpec, rows: list[tuple[str, float, str]]) -> None:
+        """What Lambda publishes (AWS/Lambda, FunctionName): (metric, value, unit) rows."""
         dims = [{"Name": "FunctionName", "Value": spec.name}]
         data = [
             {"MetricName": name, "Dimensions": dims, "Value": value, "Unit": unit}
-            for name, value, unit in (
-                ("Invocations", 1, "Count"),
-                ("Errors", int(failed), "Count"),
-                ("Throttles", 0, "Count"),
-                ("Duration", duration_ms, "Milliseconds"),
-                ("ConcurrentExecutions", 1, "Count"),
-            )
+            for name, value, unit in rows
         ]
         try:
             self.client("cloudwatch").put_metric_data(Namespace="AWS/Lambda", MetricData=data)
-        except Exception as e:  # a metric must never fail the invocation
+        except Exception as e:  # a metric must never fail an invocation or stop a poller
             self.say("lambda", f"{spec.name}: metric not recorded: {e}")
 
     # --- asynchronous invocation ----------------------------------------------------------------
