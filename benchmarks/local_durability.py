@@ -36,7 +36,8 @@ import boto3
 from botocore.config import Config
 
 
-def start(state: Path, mode: str) -> tuple[subprocess.Popen, dict]:
+def start(state: Path, mode: str, *extra: str) -> tuple[subprocess.Popen, dict]:
+    """A fresh `sluice-local up` on `state` (any port); its process and its ready file."""
     ready = state / "ready.json"
     proc = subprocess.Popen(
         [
@@ -52,6 +53,7 @@ def start(state: Path, mode: str) -> tuple[subprocess.Popen, dict]:
             mode,
             "--ready-file",
             str(ready),
+            *extra,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
