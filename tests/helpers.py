@@ -202,6 +202,61 @@ class Server:
             self.proc.wait(timeout=60)
 
 
+class EchoContainer:
+    """SageMaker's container contract (/ping, /execution-parameters, /invocations) answering
+    each request with its own body: one output line per input line at the speed of HTTP, for
+    what the transform driver does with big files, not what a model does with records."""
+
+    def __init__(self, payload_mb: int = 6):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        params = {"MaxConcurrentTransforms": 1, "BatchStrategy": "MULTI_RECORD"}
+        params["MaxPayloadInMB"] = payload_mb
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps(params).encode() if "execution" in self.path else b"{}"
+                self._answer(body)
+
+            def do_POST(self):
+                self._answer(self.rfile.read(int(self.headers["Content-Length"])))
+
+            def _answer(self, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> str:
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def peak_rss_mb(cmd: list[str], **kw) -> float:
+    """Run a command to its end (AssertionError if it fails); its peak resident memory in MB,
+    from its own rusage (not the largest of every child this process ever waited for)."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, **kw)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode:
+            err.seek(0)
+            raise AssertionError(f"{cmd} exited {proc.returncode}: {err.read()[-2000:]!r}")
+    return usage.ru_maxrss / 1024
+
+
 def chromium() -> str:
     """Debian's chromium (`make browser` installs it; CI does). Missing: a failure in CI, a
     skip elsewhere, naming the command."""

@@ -13,20 +13,29 @@ Precedence of settings as in SageMaker: the job's values, then the container's
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+import zlib
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass, field
 from http.client import HTTPException
 from pathlib import Path
+from typing import BinaryIO
 
 from tqdm import tqdm
 
@@ -73,10 +82,15 @@ class Storage:
         return sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
 
     def read(self, uri: str) -> bytes:
+        with closing(self.open(uri)) as f:
+            return f.read()
+
+    def open(self, uri: str) -> BinaryIO:
+        """The object as a stream: S3's body is read as it arrives, a file as it is on disk."""
         if is_s3(uri):
             bucket, key = split_s3(uri)
-            return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        return Path(uri).read_bytes()
+            return self.s3.get_object(Bucket=bucket, Key=key)["Body"]
+        return open(uri, "rb")
 
     def write(self, uri: str, data: bytes) -> None:
         if is_s3(uri):
@@ -85,6 +99,15 @@ class Storage:
             return
         Path(uri).parent.mkdir(parents=True, exist_ok=True)
         Path(uri).write_bytes(data)
+
+    def put_file(self, path: Path, uri: str) -> None:
+        """Move a finished local file to `uri` (to S3 in parts when it is big, as the CLI does)."""
+        if is_s3(uri):
+            bucket, key = split_s3(uri)
+            self.s3.upload_file(str(path), bucket, key)
+            return
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(path, uri)
 
 
 def join(prefix: str, rel: str) -> str:
@@ -142,39 +165,59 @@ class FileResult:
     failure: str | None = None
 
 
-def payloads(body: bytes, cfg: TransformConfig, limit: int) -> list[bytes]:
-    """Split one object into request bodies as Batch Transform does."""
+def read_lines(stream: BinaryIO, max_line: int, chunk: int = 2**20) -> Iterator[bytes]:
+    """Lines without their terminators, `chunk` bytes read at a time (split_lines on a stream):
+    a line longer than `max_line` fails at once instead of filling memory."""
+    rest = b""
+    while block := stream.read(chunk):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        if len(rest) > max_line:
+            raise SluiceError(f"a record of more than {max_line} bytes exceeds MaxPayloadInMB")
+        for line in lines:
+            yield line[:-1] if line.endswith(b"\r") else line
+    if rest:
+        yield rest[:-1] if rest.endswith(b"\r") else rest
+
+
+def payloads(stream: BinaryIO, cfg: TransformConfig, limit: int) -> Iterator[bytes]:
+    """Split one object into request bodies as Batch Transform does, reading it as it goes."""
     if cfg.split_type == "None":
+        body = stream.read(limit + 1)
         if len(body) > limit:
             raise SluiceError(
-                f"object of {len(body)} bytes exceeds MaxPayloadInMB with SplitType=None"
+                f"object of more than {limit} bytes exceeds MaxPayloadInMB with SplitType=None"
             )
-        return [body]
-    lines = list(split_lines(body))
+        yield body
+        return
+    lines = read_lines(stream, limit)
     if cfg.strategy == "SingleRecord":
-        return lines
-    out, current, size = [], [], 0
+        yield from lines
+        return
+    current, size = [], 0
     for line in lines:
         if len(line) + 1 > limit:
             raise SluiceError(f"a record of {len(line)} bytes exceeds MaxPayloadInMB")
         if current and size + len(line) + 1 > limit:
-            out.append(b"\n".join(current))
+            yield b"\n".join(current)
             current, size = [], 0
         current.append(line)
         size += len(line) + 1
     if current:
-        out.append(b"\n".join(current))
-    return out
+        yield b"\n".join(current)
 
 
-def gunzip(body: bytes, uri: str) -> bytes:
-    import gzip
-    import zlib
+class Gunzip(io.RawIOBase):
+    """CompressionType=Gzip: an object decompressed as it is read; not gzip: the file's error."""
 
-    try:
-        return gzip.decompress(body)
-    except (OSError, EOFError, zlib.error) as e:
-        raise SluiceError(f"{uri} is not gzip (CompressionType=Gzip): {e}") from None
+    def __init__(self, raw: BinaryIO, uri: str):
+        self.gz, self.uri = gzip.GzipFile(fileobj=raw), uri
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return self.gz.read(n)
+        except (OSError, EOFError, zlib.error) as e:
+            raise SluiceError(f"{self.uri} is not gzip (CompressionType=Gzip): {e}") from None
 
 
 def capture_manifests(
@@ -391,61 +434,76 @@ def run_transform(
 
 
 def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concurrency, progress):
+    """Stream every object through the container, as SageMaker does with big objects: payloads
+    are read at most 2 x MaxConcurrentTransforms ahead of the answers, and each output is
+    written as its answers come back, in order, to a spool file that becomes the `.out` once
+    the whole object succeeded. Memory is bounded by the payloads in flight, not the files."""
     limit = payload_mb * 2**20
-    results: list[FileResult] = []
-    plan = []  # (file index, payload index, body)
-    bodies: dict[int, list[bytes]] = {}
-    for i, (uri, _) in enumerate(inputs):
-        results.append(FileResult(uri))
-        try:
-            body = storage.read(uri)
-            if cfg.compression == "Gzip":
-                body = gunzip(body, uri)
-            bodies[i] = payloads(body, cfg, limit)
-        except SluiceError as e:
-            results[i].failure = str(e)
-            continue
-        plan += [(i, k, b) for k, b in enumerate(bodies[i])]
-    responses: dict[tuple[int, int], bytes | SluiceError] = {}
+    results = [FileResult(uri) for uri, _ in inputs]
 
-    def call(item):
-        i, k, b = item
-        try:
-            responses[(i, k)] = server.invoke(b, cfg)
-        except Exception as e:  # this file fails, with the reason; the other files go on
-            responses[(i, k)] = e if isinstance(e, SluiceError) else SluiceError(f"{e!r}")
-
-    with (
-        ThreadPoolExecutor(max_workers=concurrency) as pool,
-        tqdm(total=len(plan), unit="request", disable=not progress) as bar,
-    ):
-        for _ in pool.map(call, plan):
-            bar.update()
-    for i, (_, rel) in enumerate(inputs):
-        r = results[i]
-        if r.failure:
-            continue
-        parts = [responses[(i, k)] for k in range(len(bodies[i]))]
-        errors = [p for p in parts if isinstance(p, SluiceError)]
-        if errors:
-            r.failure = str(errors[0])
-            continue
-        out_lines = [ln for p in parts for ln in split_lines(p)]
-        r.records = len(out_lines)
-        r.error_lines = sum(1 for ln in out_lines if ln.startswith(b"{") and b'"error":{' in ln)
-        if cfg.join_source == "Input":
+    def plan() -> Iterator[tuple[int, bytes | None]]:  # (file, payload); None: the file's end
+        for i, (uri, _) in enumerate(inputs):
             try:
-                parts = [
-                    b"\n".join(
-                        join_input(list(split_lines(b)), list(split_lines(p)), cfg.content_type)
-                    )
-                    for b, p in zip(bodies[i], parts, strict=True)
-                ]
+                with closing(storage.open(uri)) as raw:
+                    stream = Gunzip(raw, uri) if cfg.compression == "Gzip" else raw
+                    for body in payloads(stream, cfg, limit):
+                        yield i, body
             except SluiceError as e:
-                r.failure = str(e)
-                continue
-        sep = b"\n" if cfg.assemble_with == "Line" else b""
-        data = b"".join(p + sep for p in parts)
-        r.output = join(output_uri, rel + ".out")
-        storage.write(r.output, data)
+                results[i].failure = str(e)
+            yield i, None
+
+    def invoke(body: bytes) -> bytes:
+        try:
+            return server.invoke(body, cfg)
+        except SluiceError:
+            raise
+        except Exception as e:  # this file fails, with the reason; the other files go on
+            raise SluiceError(f"{e!r}") from None
+
+    spools: dict[int, io.BufferedWriter] = {}
+    window: deque[tuple[int, bytes | None, Future | None]] = deque()
+    with (
+        tempfile.TemporaryDirectory(prefix="sluice-transform-") as tmp,
+        ThreadPoolExecutor(max_workers=concurrency) as pool,
+        tqdm(unit="request", disable=not progress) as bar,
+    ):
+
+        def settle() -> None:  # the oldest payload in flight: its answer into its file's spool
+            i, body, future = window.popleft()
+            r = results[i]
+            if future is None:  # the file's end: its spool becomes its output, or goes
+                spools[i].close()
+                spool = Path(spools.pop(i).name)
+                if not r.failure:
+                    r.output = join(output_uri, inputs[i][1] + ".out")
+                    storage.put_file(spool, r.output)
+                spool.unlink(missing_ok=True)
+                return
+            bar.update()
+            try:
+                answer = future.result()
+                if r.failure:
+                    return
+                lines = list(split_lines(answer))
+                r.records += len(lines)
+                r.error_lines += sum(
+                    1 for ln in lines if ln.startswith(b"{") and b'"error":{' in ln
+                )
+                if cfg.join_source == "Input":
+                    answer = b"\n".join(
+                        join_input(list(split_lines(body)), lines, cfg.content_type)
+                    )
+            except SluiceError as e:
+                r.failure = r.failure or str(e)
+                return
+            spools[i].write(answer + (b"\n" if cfg.assemble_with == "Line" else b""))
+
+        for i, body in plan():
+            if i not in spools:
+                spools[i] = open(Path(tmp) / f"{i}.out", "wb")  # noqa: SIM115 (closed in settle)
+            window.append((i, body, None if body is None else pool.submit(invoke, body)))
+            while len(window) > 2 * concurrency:
+                settle()
+        while window:
+            settle()
     return results
