@@ -2,8 +2,10 @@
 
 moto keeps each service's state in backend objects; they are pickled (as LocalStack persists
 the same backends), with what cannot be pickled (locks, threads, running interpreters) replaced by
-fresh equivalents. S3 objects' bytes are stored once each, by content hash, under `blobs/`: a
-snapshot holds only their metadata (its cost grows with the number of objects, not their size).
+fresh equivalents. S3 objects' bytes are stored once each, by content hash, under `blobs/`; their
+metadata goes to an append-only journal (KeyJournal): a snapshot of S3 writes the buckets without
+their keys, and appends only the key names changed since the last one, so its cost follows the
+changes, not the number of objects the buckets hold.
 
 A snapshot pickles only the services changed since the last one, into one file; a manifest names
 the file that holds each service's latest state, and replacing it (rename) makes a snapshot
@@ -17,12 +19,14 @@ with the stack (on AWS they would reappear after their visibility timeout).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import io
 import json
 import pickle
 import threading
+import weakref
 from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -157,16 +161,152 @@ class Blobs:
         return len(gone)
 
 
+KEYS = "s3 keys"  # a snapshot's entry for the key journal's records
+
+# Buckets' key stores being restored, by (account, bucket): filled from the journal
+_restoring: dict[tuple[str, str], object] = {}
+
+
+def _journaled_store(cls, bucket: tuple[str, str]):
+    """A bucket's keys, restored from the key journal after the S3 pickle is loaded."""
+    store = cls()
+    _restoring[bucket] = store
+    return store
+
+
+# key names changed since each journal last looked: moto changes a bucket's keys only through
+# these methods of its _VersionedKeyStore (put, copy, multipart completion, delete, versions)
+_journals: weakref.WeakSet = weakref.WeakSet()
+
+
+def _track(method):
+    @functools.wraps(method)
+    def changed(self, key, *args, **kwargs):
+        try:
+            return method(self, key, *args, **kwargs)
+        finally:
+            for journal in list(_journals):
+                journal.dirty.add((id(self), key))
+
+    return changed
+
+
+def track_key_changes() -> None:
+    from moto.s3.utils import _VersionedKeyStore as Store
+
+    if not getattr(Store, "_sluice_tracked", False):
+        for name in ("__setitem__", "__delitem__", "setlist", "pop"):
+            setattr(Store, name, _track(getattr(Store, name)))
+        Store._sluice_tracked = True
+
+
+class KeyJournal:
+    """S3 objects' metadata as an append-only file of (bucket, key name, the name's versions
+    pickled, or None once it is gone) records. Each snapshot appends the names changed since
+    the last (tracked as moto changes them); the manifest records the file and how many bytes
+    of it are current, so a record cut short by a crash is never read. Rewritten whole on the
+    first snapshot of a process, after a request that may change objects in place (tags, ACL:
+    `objects_changed`), and when it holds more than twice as many records as live names."""
+
+    def __init__(self, folder: Path, blobs: Blobs, current: dict | None):
+        self.folder, self.blobs = folder, blobs
+        current = current or {}
+        self.file: str | None = current.get("file")
+        self.length: int = current.get("length", 0)
+        self.records: int = current.get("records", 0)
+        self.obsolete: str | None = None
+        self.dirty: set[tuple[int, str]] = set()  # (id of a bucket's key store, key name)
+        self.pending: set[tuple[int, str]] = set()  # taken by a snapshot not on disk yet
+        self.live: dict[tuple[tuple[str, str], str], frozenset[str]] = {}  # -> its blobs
+        self.epoch: int | None = None  # None: rewrite at the next snapshot
+        self.stores: dict[int, tuple[tuple[str, str], object]] = {}
+        _journals.add(self)
+        track_key_changes()
+
+    def collect(self) -> dict:
+        """This snapshot's records (taken while no request applies): the names changed since the
+        last one, or every live name when the journal is rewritten."""
+        self.stores = {
+            id(bucket.keys): ((bucket.account_id, bucket.name), bucket.keys)
+            for regions in _backends("s3").values()
+            for backend in regions.values()
+            for bucket in list(backend.buckets.values())
+        }
+        taken, self.dirty = self.dirty, set()
+        self.pending |= taken
+        rewrite = self.epoch != _epoch[0] or self.records > 2 * len(self.live) + 1000
+        if rewrite:
+            names = [(b, st, n) for b, st in self.stores.values() for n in list(dict.keys(st))]
+        else:  # a store not found: its bucket was deleted (the S3 pickle no longer has it)
+            names = [(*self.stores[sid], n) for sid, n in self.pending if sid in self.stores]
+        out, live = io.BytesIO(), {}
+        for bucket, store, name in names:
+            versions = dict.get(store, name)
+            payload = None
+            if versions is not None:
+                buf = io.BytesIO()
+                self.blobs.referenced = set()
+                _Pickler(buf, self.blobs).dump(list(versions))
+                payload = buf.getvalue()
+            live[(bucket, name)] = None if payload is None else frozenset(self.blobs.referenced)
+            pickle.dump((bucket, name, payload), out, protocol=pickle.HIGHEST_PROTOCOL)
+        return {"rewrite": rewrite, "data": out.getvalue(), "live": live, "epoch": _epoch[0]}
+
+    def write(self, batch: dict, generation: int) -> dict:
+        """Append the records (or rewrite the file with them); what the manifest records."""
+        if batch["rewrite"] or self.file is None:
+            self.obsolete, self.file = self.file, f"keys-{generation}.journal"
+            (self.folder / self.file).write_bytes(batch["data"])
+            self.length, self.records, self.live = len(batch["data"]), 0, {}
+        else:
+            with open(self.folder / self.file, "r+b") as f:
+                f.truncate(self.length)  # past it: what a failed write left
+                f.seek(self.length)
+                f.write(batch["data"])
+            self.length += len(batch["data"])
+        for key, refs in batch["live"].items():
+            if refs is None:
+                self.live.pop(key, None)
+            else:
+                self.live[key] = refs
+        self.records += len(batch["live"])
+        self.epoch, self.pending = batch["epoch"], set()
+        return {"file": self.file, "length": self.length, "records": self.records}
+
+    def referenced(self) -> set[str]:
+        return set().union(*self.live.values())
+
+    def replay(self) -> None:
+        """Fill the key stores the S3 pickle left empty (`_journaled_store`) with each name's
+        last record (earlier ones may name blobs deleted since)."""
+        last: dict[tuple[tuple[str, str], str], bytes | None] = {}
+        if self.file:
+            with open(self.folder / self.file, "rb") as f:
+                data = io.BytesIO(f.read(self.length))
+            while data.tell() < self.length:
+                bucket, name, payload = pickle.load(data)
+                last[(bucket, name)] = payload
+        for (bucket, name), payload in last.items():
+            store = _restoring.get(bucket)
+            if store is not None and payload is not None:  # else: deleted since
+                versions = _Unpickler(io.BytesIO(payload), self.blobs).load()
+                dict.__setitem__(store, name, versions)
+        _restoring.clear()
+
+
 class _Pickler(pickle.Pickler):
-    def __init__(self, file, blobs: Blobs | None):
+    def __init__(self, file, blobs: Blobs | None, journaled: dict | None = None):
         from moto.s3.models import FakeKey
         from moto.s3.utils import _VersionedKeyStore
+        from moto.utilities.tagging_service import TaggingService
 
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.blobs = blobs
+        self.journaled = journaled or {}  # id of a key store -> (its bucket, the store)
         self.references = 0  # blob references written
         self.key_type = FakeKey
         self.versions_type = _VersionedKeyStore
+        self.tagging_type = TaggingService
 
     def _key(self, obj):
         """An S3 object: its bytes as a blob reference, its metadata pickled once and reused
@@ -194,6 +334,14 @@ class _Pickler(pickle.Pickler):
         return None
 
     def reducer_override(self, obj):
+        if isinstance(obj, self.tagging_type) and obj.tags:
+            # moto keeps an empty tag set per S3 object, read exactly as no entry: dropped, or
+            # the S3 pickle would grow with the objects again
+            for arn in [a for a, tags in obj.tags.items() if not tags]:
+                del obj.tags[arn]
+            return NotImplemented
+        if isinstance(obj, self.versions_type) and id(obj) in self.journaled:
+            return _journaled_store, (type(obj), self.journaled[id(obj)][0])
         if isinstance(obj, self.versions_type):  # its items() hold only each key's latest
             return _versioned_store, (type(obj), {k: list(v) for k, v in dict.items(obj)})
         if (
@@ -263,8 +411,9 @@ class Store:
         self.refs: dict[str, set[str]] = {}  # blobs each service's current file refers to
         self.manifest = self._read_manifest()
         self.manifest_files = set(self.manifest["files"].values())
-        for path in self.folder.glob("*.pickle"):  # written by a snapshot a crash cut short
-            if path.name not in self.manifest_files:
+        self.journal = KeyJournal(folder, self.blobs, self.manifest.get("journal"))
+        for path in [*self.folder.glob("*.pickle"), *self.folder.glob("*.journal")]:
+            if path.name not in self.manifest_files | {self.journal.file}:  # a crash cut short
                 path.unlink(missing_ok=True)
 
     def _read_manifest(self) -> dict:
@@ -281,15 +430,19 @@ class Store:
     def pickle(self, names: frozenset[str] | set[str]) -> dict[str, bytes]:
         """The backends `names` (and any not on disk yet), pickled: the part of a snapshot that
         must not overlap a request (S3 bytes not stored yet are stored on the way)."""
-        out = {}
+        out: dict = {}
         for name in sorted(set(names) | (SERVICES - set(self.refs))):
             backends = _backends(name)
             state = {acct: dict(regions.items()) for acct, regions in list(backends.items())}
+            journaled = None
+            if name == "s3":  # buckets without their keys; the keys that changed, to the journal
+                out[KEYS] = self.journal.collect()
+                journaled = self.journal.stores
             for attempt in range(5):  # an internal thread may change a dict while it is pickled
                 try:
                     buf = io.BytesIO()
                     self.blobs.referenced = set()
-                    _Pickler(buf, self.blobs).dump(state)
+                    _Pickler(buf, self.blobs, journaled).dump(state)
                     break
                 except RuntimeError:
                     if attempt == 4:
@@ -305,11 +458,14 @@ class Store:
         wait that much longer.)"""
         gen = self.manifest["generation"] + 1
         files = dict(self.manifest["files"])
+        pickles = dict(pickles)
+        keys = pickles.pop(KEYS, None)
+        journal = self.journal.write(keys, gen) if keys else self.manifest.get("journal")
         data = pickle.dumps(pickles, protocol=pickle.HIGHEST_PROTOCOL)
         name = f"snapshot-{gen}.pickle"
         (self.folder / name).write_bytes(data)
         files.update(dict.fromkeys(pickles, name))
-        manifest = {"generation": gen, "files": files}
+        manifest = {"generation": gen, "files": files, "journal": journal}
         tmp = self.folder / "manifest.tmp"
         tmp.write_text(json.dumps(manifest))
         tmp.replace(self.folder / "manifest.json")
@@ -317,8 +473,12 @@ class Store:
         for old in set(self.manifest_files) - set(files.values()):
             (self.folder / old).unlink(missing_ok=True)
         self.manifest_files = set(files.values())
-        self.blobs.keep_only(set().union(*self.refs.values()))
-        return len(data)
+        if self.journal.obsolete:
+            (self.folder / self.journal.obsolete).unlink(missing_ok=True)
+            self.journal.obsolete = None
+        if (keys and keys["rewrite"]) or gen % 100 == 0:  # a scan of every blob: now and then
+            self.blobs.keep_only(set().union(*self.refs.values(), self.journal.referenced()))
+        return len(data) + (len(keys["data"]) if keys else 0)
 
     def restore(self) -> bool:
         """Load every backend from the current files; False when there are none."""
@@ -329,6 +489,7 @@ class Store:
             pickles = pickle.loads((self.folder / filename).read_bytes())
             for name in names:
                 _install(name, _Unpickler(io.BytesIO(pickles[name]), self.blobs).load())
+        self.journal.replay()
         return bool(by_file)
 
 

@@ -180,3 +180,51 @@ def test_s3_metadata_is_pickled_once_and_again_after_a_request_that_changes_it(t
         persist.restore(path)
         grants = boto3.client("s3", region_name="us-east-1").get_object_acl(Bucket="bkt", Key="k")
         assert any(g["Permission"] == "READ" for g in grants["Grants"])
+
+
+def test_s3_keys_go_to_an_append_only_journal_whose_cost_follows_the_changes(tmp_path):
+    """A snapshot of S3 writes the buckets without their keys and appends only the key names
+    changed since the last one: its size does not grow with the objects the buckets hold.
+    Overwrites, deletes and versions come back; bytes past the manifest's length (a record a
+    crash cut short) are never read; a journal mostly of dead records is rewritten."""
+    path = tmp_path / "moto"
+    with mock_aws():
+        s3 = _s3()
+        store = persist.Store(path)
+        written = []
+        for n in (10, 1000):
+            for i in range(n):
+                s3.put_object(Bucket="bkt", Key=f"many/{n}/{i}", Body=b"x")
+            store.write(persist.changed_by("s3"))  # the first one rewrites the journal
+            s3.put_object(Bucket="bkt", Key=f"one-more-{n}", Body=b"y")
+            written.append(store.write(persist.changed_by("s3")))
+        assert abs(written[1] - written[0]) < 200, written  # one object more, at 10 or 1010
+        s3.put_object(Bucket="bkt", Key="one-more-10", Body=b"overwritten")
+        s3.delete_object(Bucket="bkt", Key="many/10/0")
+        s3.put_bucket_versioning(Bucket="bkt", VersioningConfiguration={"Status": "Enabled"})
+        v1 = s3.put_object(Bucket="bkt", Key="v", Body=b"1")["VersionId"]
+        s3.put_object(Bucket="bkt", Key="v", Body=b"2")
+        store.write(persist.changed_by("s3"))
+        journal = path / store.manifest["journal"]["file"]
+        with open(journal, "ab") as f:
+            f.write(b"\x80\x05 half a record")  # kill -9 in the middle of an append
+    with mock_aws():
+        persist.restore(path)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        keys = {
+            o["Key"]
+            for p in s3.get_paginator("list_objects_v2").paginate(Bucket="bkt")
+            for o in p.get("Contents", [])
+        }
+        assert len(keys) == 10 + 1000 + 2 + 1 - 1 and "many/10/0" not in keys
+        assert s3.get_object(Bucket="bkt", Key="one-more-10")["Body"].read() == b"overwritten"
+        assert s3.get_object(Bucket="bkt", Key="v", VersionId=v1)["Body"].read() == b"1"
+        assert s3.get_object(Bucket="bkt", Key="v")["Body"].read() == b"2"
+        store = persist.Store(path)
+        for i in range(3):  # rewrite: the first snapshot of a process, then when mostly dead
+            for k in range(1200):
+                s3.put_object(Bucket="bkt", Key=f"many/1000/{k % 1000}", Body=str(i).encode())
+            store.write(persist.changed_by("s3"))
+        files = {p.name for p in path.glob("*.journal")}
+        assert files == {store.manifest["journal"]["file"]}  # the old ones are gone
+        assert store.manifest["journal"]["records"] <= 2 * 1012 + 1000
