@@ -381,6 +381,25 @@ def _message_delayed(self) -> bool:
     return _now_ms() < self.delayed_until
 
 
+def _counts(queue) -> tuple[int, int, int]:
+    """(visible, delayed, not visible) messages in one pass, reused within the millisecond while
+    the queue's length is the same (SQS calls them approximate; moto made four passes each time
+    it built a queue's attributes, which SendMessage does for every message)."""
+    now = _now_ms()
+    key = (int(now), len(queue._messages))
+    cached = queue.__dict__.get("_sluice_counts")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    visible = delayed = hidden = 0
+    for m in queue._messages:
+        shown, later = now > m.visible_at, now < m.delayed_until
+        hidden += not shown
+        delayed += later
+        visible += shown and not later
+    queue.__dict__["_sluice_counts"] = (key, (visible, delayed, hidden))
+    return visible, delayed, hidden
+
+
 def _within_retention(self, queue_name: str, message) -> bool:
     retention_s = float(self.get_queue(queue_name).message_retention_period)
     return retention_s + message.sent_timestamp / 1000 > time.time()
@@ -393,7 +412,7 @@ def backend_patches() -> list[tuple[object, str, object]]:
     from moto.iam.responses import IamResponse
     from moto.s3.models import FakeBucket
     from moto.sagemaker.models import SageMakerModelBackend
-    from moto.sqs.models import Message, SQSBackend
+    from moto.sqs.models import Message, Queue, SQSBackend
 
     from .iam_simulation import simulate_principal_policy
 
@@ -402,6 +421,9 @@ def backend_patches() -> list[tuple[object, str, object]]:
         (Message, "visible", property(_message_visible)),
         (Message, "delayed", property(_message_delayed)),
         (SQSBackend, "is_message_valid_based_on_retention_period", _within_retention),
+        (Queue, "approximate_number_of_messages", property(lambda q: _counts(q)[0])),
+        (Queue, "approximate_number_of_messages_delayed", property(lambda q: _counts(q)[1])),
+        (Queue, "approximate_number_of_messages_not_visible", property(lambda q: _counts(q)[2])),
         (backends, "list_of_moto_modules", lambda: modules),
         (FakeBucket, "get_permission", bucket_permission),
         # moto lacks IAM's policy simulator; the SageMaker SDK asks it about execution roles

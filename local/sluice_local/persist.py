@@ -103,6 +103,13 @@ def _fake_key_pickled(metadata: bytes, value: bytes):
     return obj
 
 
+def _message_pickled(cls, state: bytes):
+    """An SQS message rebuilt from its pickled attributes (_Pickler._message)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(pickle.loads(state))
+    return obj
+
+
 # S3 objects' metadata pickled at epoch N is reused while the epoch is N (see _Pickler._key)
 _epoch = [0]
 
@@ -298,6 +305,7 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file, blobs: Blobs | None, journaled: dict | None = None):
         from moto.s3.models import FakeKey
         from moto.s3.utils import _VersionedKeyStore
+        from moto.sqs.models import Message
         from moto.utilities.tagging_service import TaggingService
 
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -307,6 +315,7 @@ class _Pickler(pickle.Pickler):
         self.key_type = FakeKey
         self.versions_type = _VersionedKeyStore
         self.tagging_type = TaggingService
+        self.message_type = Message
 
     def _key(self, obj):
         """An S3 object: its bytes as a blob reference, its metadata pickled once and reused
@@ -327,6 +336,27 @@ class _Pickler(pickle.Pickler):
         self.blobs.referenced.add(cached[2])
         return _fake_key_pickled, (cached[1], _BlobRef(cached[2]))
 
+    def _message(self, message):
+        """An SQS message, pickled again only when a receive or a visibility change changed it:
+        a snapshot of a queue thousands deep (a burst waiting for its window or for quota)
+        mostly copies bytes."""
+        m = vars(message)
+        stamp = (
+            m.get("sent_timestamp"),
+            m.get("approximate_receive_count"),
+            m.get("receipt_handle"),
+            m.get("visible_at"),
+            m.get("delayed_until"),
+            len(m) - ("_sluice_pickled" in m),
+        )
+        cached = m.get("_sluice_pickled")
+        if cached is None or cached[0] != stamp:
+            buf = io.BytesIO()
+            _Pickler(buf, None).dump({k: v for k, v in m.items() if k != "_sluice_pickled"})
+            cached = (stamp, buf.getvalue())
+            m["_sluice_pickled"] = cached
+        return _message_pickled, (type(message), cached[1])
+
     def persistent_id(self, obj):
         if type(obj) is _BlobRef:
             self.references += 1
@@ -334,6 +364,8 @@ class _Pickler(pickle.Pickler):
         return None
 
     def reducer_override(self, obj):
+        if isinstance(obj, self.message_type):
+            return self._message(obj)
         if isinstance(obj, self.tagging_type) and obj.tags:
             # moto keeps an empty tag set per S3 object, read exactly as no entry: dropped, or
             # the S3 pickle would grow with the objects again

@@ -228,3 +228,25 @@ def test_s3_keys_go_to_an_append_only_journal_whose_cost_follows_the_changes(tmp
         files = {p.name for p in path.glob("*.journal")}
         assert files == {store.manifest["journal"]["file"]}  # the old ones are gone
         assert store.manifest["journal"]["records"] <= 2 * 1012 + 1000
+
+
+def test_sqs_messages_are_pickled_again_only_when_a_receive_changed_them(tmp_path):
+    path = tmp_path / "moto"
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="q")["QueueUrl"]
+        for i in range(3):
+            sqs.send_message(QueueUrl=url, MessageBody=f"m{i}")
+        store = persist.Store(path)
+        store.write({"sqs"})
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1)["Messages"][0]
+        store.write({"sqs"})  # the received one again (its receive count); the others reused
+    with mock_aws():
+        persist.restore(path)  # what was in flight is visible again
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.get_queue_url(QueueName="q")["QueueUrl"]
+        msgs = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"]
+        )["Messages"]
+        counts = {m["Body"]: m["Attributes"]["ApproximateReceiveCount"] for m in msgs}
+        assert counts == {"m0": "1", "m1": "1", "m2": "1", got["Body"]: "2"}
