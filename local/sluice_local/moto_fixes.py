@@ -382,22 +382,25 @@ def _message_delayed(self) -> bool:
 
 
 def _counts(queue) -> tuple[int, int, int]:
-    """(visible, delayed, not visible) messages in one pass, reused within the millisecond while
-    the queue's length is the same (SQS calls them approximate; moto made four passes each time
-    it built a queue's attributes, which SendMessage does for every message)."""
-    now = _now_ms()
-    key = (int(now), len(queue._messages))
-    cached = queue.__dict__.get("_sluice_counts")
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    visible = delayed = hidden = 0
-    for m in queue._messages:
+    """(visible, delayed, not visible) messages, in one pass: moto made four passes each time
+    it built a queue's attributes, which SendMessage does for every message. Within a second,
+    messages appended since are added to the last count (SQS calls the counts approximate; a
+    message that became visible meanwhile shows at the next second); any other change of the
+    list, a full pass."""
+    now, messages = _now_ms(), queue._messages
+    second, cached = int(now // 1000), queue.__dict__.get("_sluice_counts")
+    start, counts = 0, (0, 0, 0)
+    if cached is not None and cached[:2] == (second, id(messages)) and cached[2] <= len(messages):
+        start, counts = cached[2], cached[3]
+    visible, delayed, hidden = counts
+    for m in messages[start:]:
         shown, later = now > m.visible_at, now < m.delayed_until
         hidden += not shown
         delayed += later
         visible += shown and not later
-    queue.__dict__["_sluice_counts"] = (key, (visible, delayed, hidden))
-    return visible, delayed, hidden
+    counts = (visible, delayed, hidden)
+    queue.__dict__["_sluice_counts"] = (second, id(messages), len(messages), counts)
+    return counts
 
 
 def _within_retention(self, queue_name: str, message) -> bool:
