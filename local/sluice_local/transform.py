@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -47,6 +49,10 @@ from . import processes
 
 log = logging.getLogger("sluice_local.transform")
 
+# objects opened ahead of the one being split, and finished outputs being uploaded: a job of a
+# thousand small uploads would otherwise wait for each GET and PUT in turn
+FILES_IN_FLIGHT = 8
+
 
 # --- storage: local folders and S3 behind one small interface --------------------------------
 
@@ -55,13 +61,20 @@ class Storage:
     def __init__(self, endpoint_url: str | None = None):
         self.endpoint_url = endpoint_url
         self._s3 = None
+        self._lock = threading.Lock()  # boto3 makes clients one thread at a time
 
     @property
     def s3(self):
-        if self._s3 is None:
-            import boto3
+        with self._lock:
+            return self._s3 or self._client()
 
-            self._s3 = boto3.client("s3", endpoint_url=self.endpoint_url)
+    def _client(self):
+        import boto3
+        from botocore.config import Config
+
+        # objects opened ahead and outputs uploaded in parallel (_transform_files)
+        config = Config(max_pool_connections=2 * FILES_IN_FLIGHT + 4)
+        self._s3 = boto3.client("s3", endpoint_url=self.endpoint_url, config=config)
         return self._s3
 
     def list(self, prefix: str) -> list[str]:
@@ -442,15 +455,23 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
     results = [FileResult(uri) for uri, _ in inputs]
 
     def plan() -> Iterator[tuple[int, bytes | None]]:  # (file, payload); None: the file's end
-        for i, (uri, _) in enumerate(inputs):
-            try:
-                with closing(storage.open(uri)) as raw:
-                    stream = Gunzip(raw, uri) if cfg.compression == "Gzip" else raw
-                    for body in payloads(stream, cfg, limit):
-                        yield i, body
-            except SluiceError as e:
-                results[i].failure = str(e)
-            yield i, None
+        with ThreadPoolExecutor(FILES_IN_FLIGHT) as opener:
+            ahead: deque = deque()
+            upcoming = iter(enumerate(inputs))
+            for i, (uri, _) in itertools.islice(upcoming, FILES_IN_FLIGHT):
+                ahead.append((i, uri, opener.submit(storage.open, uri)))
+            while ahead:
+                i, uri, opened = ahead.popleft()
+                for j, (later, _) in itertools.islice(upcoming, 1):
+                    ahead.append((j, later, opener.submit(storage.open, later)))
+                try:
+                    with closing(opened.result()) as raw:
+                        stream = Gunzip(raw, uri) if cfg.compression == "Gzip" else raw
+                        for body in payloads(stream, cfg, limit):
+                            yield i, body
+                except SluiceError as e:
+                    results[i].failure = str(e)
+                yield i, None
 
     def invoke(body: bytes) -> bytes:
         try:
@@ -460,11 +481,20 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
         except Exception as e:  # this file fails, with the reason; the other files go on
             raise SluiceError(f"{e!r}") from None
 
+    def put(spool: Path, uri: str) -> str:
+        try:
+            storage.put_file(spool, uri)
+        finally:
+            spool.unlink(missing_ok=True)
+        return uri
+
     spools: dict[int, io.BufferedWriter] = {}
     window: deque[tuple[int, bytes | None, Future | None]] = deque()
+    uploads: list[tuple[FileResult, Future]] = []
     with (
         tempfile.TemporaryDirectory(prefix="sluice-transform-") as tmp,
         ThreadPoolExecutor(max_workers=concurrency) as pool,
+        ThreadPoolExecutor(max_workers=FILES_IN_FLIGHT) as uploader,
         tqdm(unit="request", disable=not progress) as bar,
     ):
 
@@ -474,10 +504,12 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
             if future is None:  # the file's end: its spool becomes its output, or goes
                 spools[i].close()
                 spool = Path(spools.pop(i).name)
-                if not r.failure:
-                    r.output = join(output_uri, inputs[i][1] + ".out")
-                    storage.put_file(spool, r.output)
-                spool.unlink(missing_ok=True)
+                if r.failure:
+                    spool.unlink(missing_ok=True)
+                else:
+                    uploads.append(
+                        (r, uploader.submit(put, spool, join(output_uri, inputs[i][1] + ".out")))
+                    )
                 return
             bar.update()
             try:
@@ -506,4 +538,9 @@ def _transform_files(storage, server, inputs, output_uri, cfg, payload_mb, concu
                 settle()
         while window:
             settle()
+        for r, done in uploads:
+            try:
+                r.output = done.result()
+            except Exception as e:  # the output could not be written: its file fails
+                r.failure = f"writing its output: {e!r}"
     return results
