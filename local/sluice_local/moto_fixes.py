@@ -381,17 +381,32 @@ def _message_delayed(self) -> bool:
     return _now_ms() < self.delayed_until
 
 
+# bumped whenever a message's visibility changes (received, ChangeMessageVisibility): the counts
+# below are reused only while it is unchanged
+_visibility_changes = [0]
+
+
+def _changing_visibility(method):
+    @functools.wraps(method)
+    def changed(self, *args, **kwargs):
+        _visibility_changes[0] += 1
+        return method(self, *args, **kwargs)
+
+    return changed
+
+
 def _counts(queue) -> tuple[int, int, int]:
     """(visible, delayed, not visible) messages, in one pass: moto made four passes each time
-    it built a queue's attributes, which SendMessage does for every message. Within a second,
-    messages appended since are added to the last count (SQS calls the counts approximate; a
-    message that became visible meanwhile shows at the next second); any other change of the
-    list, a full pass."""
+    it built a queue's attributes, which SendMessage does for every message. Within a second
+    and while no message's visibility changed, messages appended since are added to the last
+    count (a delay that ran out meanwhile shows at the next second, as approximate as SQS says
+    these counts are); any other change of the list, a full pass."""
     now, messages = _now_ms(), queue._messages
-    second, cached = int(now // 1000), queue.__dict__.get("_sluice_counts")
+    key = (int(now // 1000), id(messages), _visibility_changes[0])
+    cached = queue.__dict__.get("_sluice_counts")
     start, counts = 0, (0, 0, 0)
-    if cached is not None and cached[:2] == (second, id(messages)) and cached[2] <= len(messages):
-        start, counts = cached[2], cached[3]
+    if cached is not None and cached[0] == key and cached[1] <= len(messages):
+        start, counts = cached[1], cached[2]
     visible, delayed, hidden = counts
     for m in messages[start:]:
         shown, later = now > m.visible_at, now < m.delayed_until
@@ -399,13 +414,35 @@ def _counts(queue) -> tuple[int, int, int]:
         delayed += later
         visible += shown and not later
     counts = (visible, delayed, hidden)
-    queue.__dict__["_sluice_counts"] = (second, id(messages), len(messages), counts)
+    queue.__dict__["_sluice_counts"] = (key, len(messages), counts)
     return counts
+
+
+def _deleting_under_the_queue_lock(delete_message):
+    """moto deletes a message by rebuilding the queue's list from the current one and assigning
+    it: two deletes at once, or a send in between (it appends under the queue's lock), and the
+    last assignment drops what the other added. The local stack answers requests concurrently,
+    and its SQS poller deletes every message of a batch it ran while uploads keep arriving:
+    10,000 uploads lost 218 S3 notifications, silently. Deleting under the lock that sends
+    take (moto's own) makes the rebuild atomic."""
+
+    @functools.wraps(delete_message)
+    def delete(self, receipt_handle: str) -> None:
+        with self._messages_lock:
+            return delete_message(self, receipt_handle)
+
+    return delete
 
 
 def _within_retention(self, queue_name: str, message) -> bool:
     retention_s = float(self.get_queue(queue_name).message_retention_period)
     return retention_s + message.sent_timestamp / 1000 > time.time()
+
+
+def _original(owner, name: str):
+    """What moto defined, even after apply() ran before (its patches wrap the original once)."""
+    value = getattr(owner, name)
+    return getattr(value, "__wrapped__", value)
 
 
 def backend_patches() -> list[tuple[object, str, object]]:
@@ -421,7 +458,18 @@ def backend_patches() -> list[tuple[object, str, object]]:
 
     modules = tuple(backends.list_of_moto_modules())  # moto lists its folder on every request
     return [
+        (
+            Queue,
+            "delete_message",
+            _deleting_under_the_queue_lock(_original(Queue, "delete_message")),
+        ),
         (Message, "visible", property(_message_visible)),
+        (Message, "mark_received", _changing_visibility(_original(Message, "mark_received"))),
+        (
+            Message,
+            "change_visibility",
+            _changing_visibility(_original(Message, "change_visibility")),
+        ),
         (Message, "delayed", property(_message_delayed)),
         (SQSBackend, "is_message_valid_based_on_retention_period", _within_retention),
         (Queue, "approximate_number_of_messages", property(lambda q: _counts(q)[0])),
