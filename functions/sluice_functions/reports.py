@@ -179,6 +179,11 @@ def _listed(uris: list[str], shown: int = 5) -> str:
     return ", ".join(uris[:shown]) + more
 
 
+# SNS Publish: "Message ... must be less than 256 KB (262,144 bytes)" (UTF-8; API reference,
+# Publish); a larger one is refused with InvalidParameter and the notification is lost
+SNS_MAX_BYTES = 262_144 - 1
+
+
 def notification(report: dict, report_uri: str) -> tuple[str, str]:
     """(subject, message) a person reads: what happened, where the outputs are, how many
     records and errors, how long, what it cost; the report's JSON follows for tools."""
@@ -205,5 +210,12 @@ def notification(report: dict, report_uri: str) -> tuple[str, str]:
             f"Inputs ({len(report['inputs'])}): {_listed(report['inputs'])}",
             f"What to do: {report['action']}. Runbook: docs/batch.md#transform-jobs-failed",
         ]
-    lines += [f"Report: {report_uri}", "", json.dumps(report, indent=2)]
-    return f"Sluice transform {status.lower()}: {job}"[:100], "\n".join(lines)
+    lines += [f"Report: {report_uri}", ""]
+    message = "\n".join([*lines, json.dumps(report, indent=2)])
+    if len(message.encode()) > SNS_MAX_BYTES:  # a job of a thousand files: its lists stay in S3
+        brief = {k: v for k, v in report.items() if k not in ("inputs", "outputs")}
+        brief["inputs_count"] = len(report.get("inputs", []))
+        brief["outputs_count"] = len(report.get("outputs", []))
+        brief["lists"] = f"inputs and outputs: too long for a notification; see {report_uri}"
+        message = "\n".join([*lines, json.dumps(brief, indent=2)])
+    return f"Sluice transform {status.lower()}: {job}"[:100], message

@@ -70,3 +70,23 @@ def test_iso_8601_times_as_in_aws_samples_give_a_duration_too():
     mixed = {"TransformStartTime": "2023-11-14T22:13:20Z", "TransformEndTime": 1_700_000_090_500}
     assert duration_s(mixed) == 90.5
     assert duration_s({"TransformStartTime": "yesterday", "TransformEndTime": 1}) is None
+
+
+def test_a_notification_fits_sns_whatever_the_jobs_size():
+    """SNS refuses a message of 256 KB or more (InvalidParameter): a job of a thousand files
+    lost its notification (benchmarks.scale). Its lists stay in the report then."""
+    import json
+
+    from sluice_functions.reports import SNS_MAX_BYTES, notification
+
+    detail = {"TransformJobName": "j", "TransformJobStatus": "Completed", "ModelName": "m"}
+    for n, whole in ((3, True), (2000, False)):
+        inputs = [f"s3://bucket/incoming/team/{i:06d}.jsonl" for i in range(n)]
+        files = [
+            {"input": u, "output": u.replace("incoming", "outputs/j") + ".out", "records": 1}
+            for u in inputs
+        ]
+        _, message = notification(success_report(detail, inputs, files), "s3://b/r.json")
+        assert len(message.encode()) <= SNS_MAX_BYTES
+        sent = json.loads(message[message.index("{") :])
+        assert ("inputs" in sent) is whole and sent.get("inputs_count", n) == n
