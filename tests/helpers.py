@@ -133,6 +133,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+AWS_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+class MotoServer:
+    """moto's S3 (and the rest) over real HTTP, for the container's own boto3 calls: `env` is
+    what a container process needs to reach it, `s3` a client of it."""
+
+    def __init__(self):
+        from moto.server import ThreadedMotoServer
+
+        port = free_port()
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        self.server.start()
+        self.env = {**AWS_TEST_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=self.env["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
 class Server:
     def __init__(self, model_dir, **env):
         self.port = free_port()

@@ -52,6 +52,21 @@ class TrainConfig:
         "support, every other job merges it when it loads the model",
         default=True,
     )
+    lora_base: str = _doc(
+        "lora_merge=false: publish a copy of the base beside the adapter (copy), or only the "
+        "adapter, its sluice.json naming the base's S3 artifact (reference: pretrained_s3_uri or "
+        "baseline_s3_uri, checked by ETag), fetched by every job that loads the model",
+        default="copy",
+    )
+    pretrained_s3_uri: str = _doc(
+        "the S3 URI the `pretrained` channel was filled from (for lora_base=reference)",
+        default="",
+    )
+    baseline_s3_uri: str = _doc(
+        "the S3 URI the `baseline` channel was filled from (the retraining state machine sets "
+        "it: the champion's ModelDataUrl)",
+        default="",
+    )
     lora_r: int = _doc("LoRA rank", default=8)
     lora_alpha: int = _doc("LoRA scaling numerator (scale = lora_alpha / lora_r)", default=16)
     lora_dropout: float = _doc("dropout on the LoRA path", default=0.05)
@@ -137,6 +152,7 @@ class TrainConfig:
 
 CHOICES = {
     "finetune_method": ("full", "lora"),
+    "lora_base": ("copy", "reference"),
     "distributed": ("ddp", "fsdp"),
     "model_size": ("tiny", "small", "base"),
     "txt_mode": ("line", "document"),
@@ -228,6 +244,11 @@ def parse_hyperparameters(raw: dict[str, Any]) -> TrainConfig:
         )
     if cfg.max_steps <= 0 and cfg.epochs <= 0:
         raise SluiceError("set max_steps or epochs to a positive value")
+    if cfg.lora_base == "reference" and (cfg.finetune_method != "lora" or cfg.lora_merge):
+        raise SluiceError(
+            "lora_base=reference publishes an adapter without its base: it needs "
+            "finetune_method=lora and lora_merge=false"
+        )
     return cfg
 
 

@@ -13,10 +13,17 @@ from .hyperparameters import TrainConfig
 log = logging.getLogger("sluice.lora")
 
 
-def with_lora(model, cfg: TrainConfig):
+def with_lora(model, cfg: TrainConfig, start: Path | None = None):
     """`model` with LoRA adapters (the base frozen); PEFT picks the target modules for known
-    architectures unless `lora_target_modules` names them."""
-    from peft import LoraConfig, get_peft_model
+    architectures unless `lora_target_modules` names them. With `start` (an adapter folder of
+    this base) that adapter is trained further: its rank and modules, not cfg's."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if start is not None:
+        adapted = PeftModel.from_pretrained(model, str(start), is_trainable=True)
+        config = adapted.peft_config["default"]
+        log.info("LoRA: training the adapter %s further (rank %d)", start, config.r)
+        return adapted
 
     targets = [t.strip() for t in cfg.lora_target_modules.split(",") if t.strip()] or None
     config = LoraConfig(

@@ -13,6 +13,7 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config
 from transformers.utils import logging as hf_logging
 
+from .base_ref import with_base
 from .errors import SluiceError
 from .lora import merge_adapter, unmerged_adapter
 
@@ -83,7 +84,12 @@ def build_scratch_model(cfg, tokenizer) -> torch.nn.Module:
 
 
 def unpack_model_source(source: Path, scratch: Path) -> Path:
-    """A model folder from a `save_pretrained` directory or a model.tar.gz of one (a channel)."""
+    """A model folder from a `save_pretrained` directory or a model.tar.gz of one (a channel),
+    with its base fetched when it names one instead of carrying it (`base_ref`)."""
+    return with_base(_unpacked(source, scratch))
+
+
+def _unpacked(source: Path, scratch: Path) -> Path:
     if source.is_dir():
         if (source / "config.json").exists():
             return source
@@ -130,8 +136,15 @@ def check_causal(model_dir: Path | str) -> None:
         )
 
 
-def load_model(model_dir: Path | str, dtype: torch.dtype | None = None, attn: str | None = None):
-    """Load a causal LM and its tokenizer from a folder (Hugging Face layout)."""
+def load_model(
+    model_dir: Path | str,
+    dtype: torch.dtype | None = None,
+    attn: str | None = None,
+    merge: bool = True,
+):
+    """Load a causal LM and its tokenizer from a folder (Hugging Face layout); an unmerged LoRA
+    adapter beside the weights is merged in unless merge=False (then the base alone)."""
+    model_dir = with_base(model_dir)
     check_causal(model_dir)
     kwargs = {}
     if dtype is not None:
@@ -142,7 +155,7 @@ def load_model(model_dir: Path | str, dtype: torch.dtype | None = None, attn: st
         model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         adapter = unmerged_adapter(model_dir, read_sluice_json(model_dir))
-        if adapter is not None:
+        if adapter is not None and merge:
             model = merge_adapter(model, adapter)
     except SafetensorError as e:  # a truncated upload, or not safetensors at all
         raise SluiceError(

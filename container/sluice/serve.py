@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from .base_ref import with_base
 from .batcher import Batcher, TorchScorer
 from .engine import (
     EngineConfig,
@@ -271,6 +272,7 @@ class State:
         from transformers import AutoConfig, AutoTokenizer
 
         t0 = time.perf_counter()
+        self.model_dir = with_base(self.model_dir)  # a model that names its base: fetch it
         check_causal(self.model_dir)
         check_runnable(self.model_dir, self.gpus > 0)
         self.dtype, why = pick_dtype(self.device, self.model_dir)

@@ -25,12 +25,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import __version__, checkpoint, sharding
+from .base_ref import describe, reference, strip_weights
 from .data import PackedBlocks, pack_tokens, prepare_text, read_lines
 from .distributed import Ranks
 from .errors import SluiceError
 from .evaluate import evaluate_model, evaluation_report
 from .hyperparameters import TrainConfig
-from .lora import publishable, store_frozen, with_lora
+from .lora import publishable, store_frozen, unmerged_adapter, with_lora
 from .metrics import metric_line, strict_json
 from .model import (
     build_scratch_model,
@@ -39,6 +40,7 @@ from .model import (
     fit_embeddings,
     load_model,
     parameter_count,
+    read_sluice_json,
     size_config,
     unpack_model_source,
     write_sluice_json,
@@ -124,23 +126,60 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     )
 
 
-def _load_source(opt: OptML, cfg: TrainConfig, work: Path):
-    """The pretrained model to fine-tune (channel `pretrained` or model_id), or None for scratch."""
+@dataclass
+class Source:
+    """What training starts from: the model to fine-tune (None: from scratch) and its name; with
+    lora_base=reference also the base the published adapter will name, and the source's own
+    unmerged adapter (trained further, so the new one stays an adapter of that same base)."""
+
+    loaded: tuple | None = None  # (model, tokenizer)
+    name: str | None = None
+    base: dict | None = None
+    adapter: Path | None = None
+
+
+def _load_source(opt: OptML, cfg: TrainConfig, work: Path) -> Source:
+    """The pretrained model to fine-tune (channel `pretrained`, the champion, or model_id)."""
     channel = opt.channel("pretrained")
     if channel.exists() and any(channel.iterdir()):
-        return load_model(unpack_model_source(channel, work)), str(channel)
+        folder = unpack_model_source(channel, work)
+        return _from_artifact(folder, str(channel), "pretrained", cfg.pretrained_s3_uri, cfg)
     baseline = opt.channel("baseline")
     if cfg.warm_start and baseline.exists() and any(baseline.iterdir()):
-        return load_model(unpack_model_source(baseline, work / "warm-start")), "champion"
+        folder = unpack_model_source(baseline, work / "warm-start")
+        return _from_artifact(folder, "champion", "baseline", cfg.baseline_s3_uri, cfg)
+    if cfg.lora_base == "reference":
+        raise SluiceError(
+            "lora_base=reference names the base's S3 artifact: give it as the `pretrained` "
+            "channel (with pretrained_s3_uri) or warm_start from the `baseline` channel"
+        )
     if cfg.model_id:
         try:
-            return load_model(cfg.model_id), cfg.model_id
+            return Source(load_model(cfg.model_id), cfg.model_id)
         except SluiceError as e:
             raise SluiceError(
                 f"cannot load model_id {cfg.model_id!r} from the Hugging Face Hub ({e}); "
                 "without Hub access give the model as a `pretrained` channel"
             ) from None
-    return None, None
+    return Source()
+
+
+def _from_artifact(folder: Path, name: str, channel: str, uri: str, cfg: TrainConfig) -> Source:
+    if cfg.lora_base != "reference":
+        return Source(load_model(folder), name)
+    # a source that names its base passes it on; otherwise the source's own artifact is the base
+    base = reference(folder)
+    if base is None:
+        if not uri:
+            raise SluiceError(
+                f"lora_base=reference names the base's S3 artifact: set {channel}_s3_uri to the "
+                f"URI the `{channel}` channel was filled from"
+            )
+        base = describe(uri)
+    adapter = unmerged_adapter(folder, read_sluice_json(folder))
+    if adapter is not None:
+        log.info("lora_base=reference: training the source's own adapter further on its base")
+    return Source(load_model(folder, merge=False), name, base, adapter)
 
 
 def prepare(opt: OptML, cfg: TrainConfig, ranks: Ranks):
@@ -152,15 +191,19 @@ def prepare(opt: OptML, cfg: TrainConfig, ranks: Ranks):
     val_ch = val_ch if val_ch.exists() and any(val_ch.rglob("*")) else None
     work.mkdir(parents=True, exist_ok=True)
     # the model first: a wrong pretrained model fails before minutes of data preparation
-    loaded, source = _load_source(opt, cfg, work)
+    source = _load_source(opt, cfg, work)
     if ranks.local_rank == 0:
         text = prepare_text(train_ch, val_ch, cfg, work)
         (work / "data.json").write_text(json.dumps(text.stats))
     ranks.barrier()
     stats = json.loads((work / "data.json").read_text())
-    if loaded is not None:
-        model, tokenizer = loaded
-        fit_embeddings(model, tokenizer)
+    if source.loaded is not None:
+        model, tokenizer = source.loaded
+        if fit_embeddings(model, tokenizer) and source.base is not None:
+            raise SluiceError(
+                "lora_base=reference: the embedding had to grow for the tokenizer, so the base "
+                "in S3 is not what the adapter applies to: use lora_base=copy"
+            )
     else:
         if ranks.local_rank == 0 and not (work / "tokenizer" / "tokenizer.json").exists():
             if (ckpt_tok / "tokenizer.json").exists():
@@ -176,7 +219,7 @@ def prepare(opt: OptML, cfg: TrainConfig, ranks: Ranks):
         tokenizer = AutoTokenizer.from_pretrained(work / "tokenizer")
         ensure_pad_token(tokenizer)
         model = None
-    if ranks.is_main and loaded is None:
+    if ranks.is_main and source.loaded is None:
         shutil.copytree(work / "tokenizer", ckpt_tok, dirs_exist_ok=True)
     if ranks.local_rank == 0:
         for split in ("train", "validation"):
@@ -207,6 +250,7 @@ def run_training(
     np.random.seed(cfg.seed)
 
     model, tokenizer, source, stats = prepare(opt, cfg, ranks)
+    named_base, adapter, source = source.base, source.adapter, source.name
     mode = "finetune" if model is not None else "scratch"
     if model is None:
         torch.manual_seed(cfg.seed)
@@ -232,7 +276,7 @@ def run_training(
                 "finetune_method=lora adapts an existing model: give a `pretrained` channel, "
                 "model_id, or warm_start with a `baseline` channel"
             )
-        model = with_lora(model, cfg)
+        model = with_lora(model, cfg, start=adapter)
     raw_model = model
     amp_dtype = precision_for(cfg, device)
     fsdp = ranks.distributed and cfg.distributed == "fsdp"
@@ -403,7 +447,9 @@ def run_training(
             final = sharding.plain_model(config, state, adapt).to(device)
         del state
     if ranks.is_main:
-        report = finish(opt, cfg, final, tokenizer, history, stats, mode, source, block, device)
+        report = finish(
+            opt, cfg, final, tokenizer, history, stats, mode, source, block, device, named_base
+        )
     # the other ranks wait for rank 0's evaluation and export: a worker that exits early makes
     # torchrun tear the job down under it
     ranks.barrier()
@@ -434,8 +480,11 @@ def held_out(opt: OptML, cfg: TrainConfig) -> list[str]:
     return records
 
 
-def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, device) -> dict:
-    """Rank 0: evaluate against the champion, save model + edge export, then publish atomically."""
+def finish(
+    opt, cfg, model, tokenizer, history, stats, mode, source, block, device, base=None
+) -> dict:
+    """Rank 0: evaluate against the champion, save model + edge export, then publish atomically.
+    With `base` (lora_base=reference) the published folder names its base instead of a copy."""
     records = held_out(opt, cfg)
     model.eval()
     challenger = evaluate_model(model, tokenizer, records)
@@ -487,6 +536,7 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
         "hyperparameters": cfg.to_dict(),
         "history": {"train": history.train, "validation": history.validation},
         **published,
+        **({"base": base} if base else {}),
     }
     write_sluice_json(staging, info)  # first: the export loads the model as serving will
     if cfg.export_edge:
@@ -496,14 +546,26 @@ def finish(opt, cfg, model, tokenizer, history, stats, mode, source, block, devi
     write_sluice_json(staging, info)
     if cfg.loss_curve:
         plot_loss_curve(history, staging / "loss_curve.png")
-    publish(staging, opt.model_dir)
     opt.output_data_dir.mkdir(parents=True, exist_ok=True)
+    edge = staging / "edge"
+    if base:  # the base's weights stay in S3; the edge export (whole weights) goes to output/
+        freed = strip_weights(staging)
+        if edge.is_dir():
+            shutil.rmtree(opt.output_data_dir / "edge", ignore_errors=True)
+            shutil.move(edge, opt.output_data_dir / "edge")
+        edge = opt.output_data_dir / "edge"
+        log.info(
+            "lora_base=reference: %.1f MB of base weights not copied (%s)",
+            freed / 1e6,
+            base["s3_uri"],
+        )
+    else:
+        edge = opt.model_dir / "edge"
+    publish(staging, opt.model_dir)
     (opt.output_data_dir / "evaluation.json").write_text(strict_json(report, indent=2) + "\n")
     log.info("model written to %s", opt.model_dir)
     if cfg.artifacts_s3_uri:
-        publish_artifacts(
-            cfg.artifacts_s3_uri, opt.output_data_dir / "evaluation.json", opt.model_dir / "edge"
-        )
+        publish_artifacts(cfg.artifacts_s3_uri, opt.output_data_dir / "evaluation.json", edge)
     return report
 
 

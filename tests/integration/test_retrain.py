@@ -119,6 +119,7 @@ def test_first_model_is_promoted_within_the_sanity_bound(world):
     assert request["HyperParameters"]["artifacts_s3_uri"] == (
         f"s3://{h.BUCKET}/models/{job}/artifacts/"
     )
+    assert "baseline_s3_uri" not in request["HyperParameters"]
     [pkg] = packages()
     assert pkg["ModelApprovalStatus"] == "Approved"
     assert pkg["CustomerMetadataProperties"]["decision"] == "promote"
@@ -172,6 +173,8 @@ def test_challenger_that_beats_the_champion_is_swapped_in_blue_green(world):
         "baseline": CHAMPION_DATA,
     }
     assert request["HyperParameters"]["max_steps"] == "500"
+    # what an adapter trained with lora_base=reference names as its base
+    assert request["HyperParameters"]["baseline_s3_uri"] == CHAMPION_DATA
     [update] = world["sim"].updates
     policy = update["DeploymentConfig"]["BlueGreenUpdatePolicy"]
     assert policy["TrafficRoutingConfiguration"]["Type"] == "CANARY"

@@ -14,10 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.helpers import Server, hp, read_json, run_sluice, sets, tiny_llama, train_losses
+from tests.helpers import (
+    MotoServer,
+    Server,
+    hp,
+    read_json,
+    run_sluice,
+    sets,
+    tiny_llama,
+    train_losses,
+)
 
 MODEL_FILES = {
     "config.json",
@@ -105,30 +114,9 @@ def test_warm_start_from_the_baseline_channel_publishes_artifacts_to_s3(
     """As the retraining state machine runs it: one `baseline` channel (the champion) is both the
     starting point and the comparison; evaluation.json and the edge export land in S3 as plain
     objects for the model registry and Neo."""
-    import socket
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = MotoServer()
     try:
-        env = {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        }
-        s3 = boto3.client(
-            "s3",
-            region_name="us-east-1",
-            endpoint_url=env["AWS_ENDPOINT_URL"],
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-        )
+        env, s3 = server.env, server.s3
         s3.create_bucket(Bucket="sluice-data")
         out = tmp_path / "job"
         run_sluice(
@@ -579,23 +567,53 @@ def test_evaluate_command_scores_several_models_on_the_same_records(trained, cor
     assert only["records"] == 50 and only["perplexity"] > 1
 
 
+BASE_URI = "s3://sluice-data/models/base/model.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory, trained, corpus_dir):
+    """One Llama base (in S3 as a model.tar.gz too) adapted three ways: merged, lora_merge=false
+    with a copy of the base, and lora_merge=false naming the base in S3 (lora_base=reference)."""
+    tmp = tmp_path_factory.mktemp("lora")
+    base = tiny_llama(tmp / "base", trained["model"], heads=2)
+    server = MotoServer()
+    server.s3.create_bucket(Bucket="sluice-data")
+    with tarfile.open(tmp / "base.tar.gz", "w:gz") as tar:
+        for f in base.iterdir():
+            tar.add(f, arcname=f.name)
+    server.s3.upload_file(str(tmp / "base.tar.gz"), "sluice-data", "models/base/model.tar.gz")
+    env = {**server.env, "SLUICE_BASE_CACHE": str(tmp / "cache")}
+    runs = {}
+    for kind, extra in {
+        "true": {"lora_merge": "true", "export_edge": "false"},
+        "false": {"lora_merge": "false", "export_edge": "true"},
+        "reference": {"lora_merge": "false", "lora_base": "reference", "export_edge": "true"},
+    }.items():
+        runs[kind] = tmp / f"merge-{kind}"
+        run_sluice(
+            "train", "--train", str(corpus_dir / "train"), "--output", str(runs[kind]),
+            "--pretrained", str(base),
+            *sets(hp(
+                finetune_method="lora", max_steps=12, learning_rate=0.02, warmup_steps=2,
+                pretrained_s3_uri=BASE_URI, **extra,
+            )),
+            env=env,
+        )  # fmt: skip
+    yield {"base": base, "runs": runs, "env": env, "server": server, "tmp": tmp}
+    server.stop()
+
+
 @pytest.mark.slow
 def test_lora_merge_false_publishes_the_untouched_base_and_serve_applies_the_adapter(
-    tmp_path, trained, corpus_dir
+    lora_runs, monkeypatch
 ):
     """The adapter is the only copy of what training learned; vLLM applies it when serving,
-    every other job (export, monitoring, evaluation, torch scoring) merges it on load."""
+    every other job (export, monitoring, evaluation, torch scoring) merges it on load. With
+    lora_base=reference the same adapter is published alone, naming its base in S3, and serve
+    fetches the base (the model served here is that one)."""
     from sluice.model import load_model
 
-    base = tiny_llama(tmp_path / "base", trained["model"], heads=2)
-    runs = {}
-    for merge in ("true", "false"):
-        runs[merge] = tmp_path / f"merge-{merge}"
-        train(
-            corpus_dir / "train", runs[merge], "--pretrained", str(base),
-            finetune_method="lora", lora_merge=merge, max_steps=12, learning_rate=0.02,
-            warmup_steps=2, export_edge=merge == "false",
-        )  # fmt: skip
+    base, runs = lora_runs["base"], lora_runs["runs"]
     model_dir = runs["false"] / "model"
     assert read_json(model_dir / "sluice.json")["lora"] == {
         "adapter": "adapter", "merged": False, "r": 8, "alpha": 16
@@ -613,8 +631,23 @@ def test_lora_merge_false_publishes_the_untouched_base_and_serve_applies_the_ada
     for n in before:
         torch.testing.assert_close(loaded_weights[n], merged[n], rtol=0, atol=1e-6)
 
+    # by reference: the same adapter (same seed and data), no weights, the base named by ETag
+    by_ref = runs["reference"] / "model"
+    assert not list(by_ref.glob("*.safetensors")) and not (by_ref / "edge").exists()
+    etag = lora_runs["server"].s3.head_object(Bucket="sluice-data", Key="models/base/model.tar.gz")
+    info = read_json(by_ref / "sluice.json")
+    assert info["base"] == {
+        "s3_uri": BASE_URI, "etag": etag["ETag"], "size": etag["ContentLength"]
+    }  # fmt: skip
+    assert info["lora"] == read_json(model_dir / "sluice.json")["lora"]
+    mine = load_file(by_ref / "adapter" / "adapter_model.safetensors")
+    theirs = load_file(model_dir / "adapter" / "adapter_model.safetensors")
+    assert all(torch.equal(mine[n], theirs[n]) for n in theirs)
+    size = sum(f.stat().st_size for f in by_ref.rglob("*") if f.is_file())
+    assert size < sum(f.stat().st_size for f in model_dir.rglob("*") if f.is_file()) / 2
+
     prompts = ["The lazy cat eats", "In the desert there is often", "Every horse likes"]
-    server = Server(model_dir)
+    server = Server(by_ref, **lora_runs["env"])
     try:
         out = server.lines(
             [{"text": t, "task": "next_token", "parameters": {"top_k": 5}} for t in prompts]
@@ -623,6 +656,7 @@ def test_lora_merge_false_publishes_the_untouched_base_and_serve_applies_the_ada
     finally:
         server.stop()
     assert "LoRA adapter" in log and "(rank 8)" in log, log
+    assert f"its base {BASE_URI}" in log, log
     base_model, _ = load_model(base)
     moved = 0.0
     for text, o in zip(prompts, out, strict=True):
@@ -636,6 +670,65 @@ def test_lora_merge_false_publishes_the_untouched_base_and_serve_applies_the_ada
             assert p == pytest.approx(want[i].item(), rel=1e-3, abs=1e-6)
             moved = max(moved, abs(p - was[i].item()))
     assert moved > 1e-3
+
+
+@pytest.mark.slow
+def test_retraining_an_adapter_that_names_its_base_names_the_same_base(
+    lora_runs, corpus_dir, monkeypatch
+):
+    """The retraining loop with lora_base=reference: the champion is an adapter naming its base;
+    the challenger trains that adapter further on the same base and names it too (never a
+    merged model it could not name). A base replaced in S3 is refused, not silently used."""
+    from sluice.errors import SluiceError
+    from sluice.model import load_model
+
+    env, runs, tmp = lora_runs["env"], lora_runs["runs"], lora_runs["tmp"]
+    champion = runs["reference"] / "model"
+    out = tmp / "retrained"
+    proc = run_sluice(
+        "train", "--train", str(corpus_dir / "train"), "--baseline", str(champion),
+        "--output", str(out),
+        *sets(hp(
+            finetune_method="lora", lora_merge="false", lora_base="reference", warm_start="true",
+            max_steps=6, learning_rate=0.02, warmup_steps=1, export_edge="false",
+        )),
+        env=env,
+    )  # fmt: skip
+    assert "training the adapter" in proc.stderr + proc.stdout
+    retrained = out / "model"
+    assert (
+        read_json(retrained / "sluice.json")["base"] == read_json(champion / "sluice.json")["base"]
+    )
+    assert not list(retrained.glob("*.safetensors"))
+    report = read_json(retrained / "evaluation.json")
+    assert report["comparison"]["baseline"] is not None  # the champion loaded with its base
+    before = load_file(champion / "adapter" / "adapter_model.safetensors")
+    after = load_file(retrained / "adapter" / "adapter_model.safetensors")
+    assert set(before) == set(after) and any(not torch.equal(before[n], after[n]) for n in before)
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    loaded, _ = load_model(retrained)  # through the cache: the base fetched once
+    assert loaded.config.model_type == "llama"
+    # without the S3 URI of the channel there is nothing to name
+    proc = run_sluice(
+        "train", "--train", str(corpus_dir / "train"), "--output", str(tmp / "no-uri"),
+        "--pretrained", str(lora_runs["base"]),
+        *sets(hp(finetune_method="lora", lora_merge="false", lora_base="reference")),
+        env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "set pretrained_s3_uri" in proc.stdout + proc.stderr
+    # another object at the base's URI (other weights): refused by its ETag
+    other = tiny_llama(tmp / "other", lora_runs["base"], heads=2)
+    moved = {k: v + 0.01 for k, v in load_file(other / "model.safetensors").items()}
+    save_file(moved, other / "model.safetensors", metadata={"format": "pt"})
+    with tarfile.open(tmp / "other.tar.gz", "w:gz") as tar:
+        for f in other.iterdir():
+            tar.add(f, arcname=f.name)
+    s3 = lora_runs["server"].s3
+    s3.upload_file(str(tmp / "other.tar.gz"), "sluice-data", "models/base/model.tar.gz")
+    with pytest.raises(SluiceError, match="changed since the adapter was trained"):
+        load_model(retrained)
 
 
 @pytest.mark.slow

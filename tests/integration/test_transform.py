@@ -3,33 +3,31 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from sluice.errors import SluiceError
-from tests.helpers import FIGURES, EchoContainer, Server, peak_rss_mb, run_local
+from tests.helpers import (
+    AWS_TEST_ENV,
+    FIGURES,
+    EchoContainer,
+    MotoServer,
+    Server,
+    peak_rss_mb,
+    run_local,
+)
 
-AWS_ENV = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
+AWS_ENV = AWS_TEST_ENV
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint(monkeypatch_module):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = MotoServer()
     for k, v in AWS_ENV.items():
         monkeypatch_module.setenv(k, v)
-    yield f"http://127.0.0.1:{port}"
+    yield server.env["AWS_ENDPOINT_URL"]
     server.stop()
 
 

@@ -38,6 +38,12 @@ def test_json_encoded_values_and_sagemaker_keys():
         ({"model_size": "huge"}, "model_size='huge': choose one of"),
         ({"batch_size": "0"}, "batch_size must be positive"),
         ({"validation_fraction": "1.5"}, "validation_fraction must be in [0, 1)"),
+        ({"lora_base": "link"}, "lora_base='link': choose one of"),
+        (
+            {"finetune_method": "lora", "lora_base": "reference"},
+            "needs finetune_method=lora and lora_merge=false",
+        ),
+        ({"lora_base": "reference", "lora_merge": "false"}, "needs finetune_method=lora"),
     ],
 )
 def test_bad_values_fail_with_a_one_line_reason(raw, message):
