@@ -106,6 +106,7 @@ def _unpacked(source: Path, scratch: Path) -> Path:
             )
     if not tarfile.is_tarfile(source):
         raise SluiceError(f"{source} is neither a model folder nor a tar.gz archive")
+    scratch.mkdir(parents=True, exist_ok=True)  # e.g. <work>/warm-start, new on every job
     dest = Path(tempfile.mkdtemp(prefix="model-", dir=scratch))
     with tarfile.open(source) as tar:
         tar.extractall(dest, filter="data")

@@ -71,26 +71,28 @@ def test_scratch_training_lowers_loss_and_reopens_with_plain_transformers(traine
     assert "validation_perplexity=" in trained["stdout"]
 
 
-def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, corpus_dir):
-    # the champion model as a model.tar.gz (as SageMaker stores it), given as `pretrained` and
-    # `baseline`: fine-tuning keeps the tokenizer, so per-token perplexity is comparable
+@pytest.mark.parametrize("start", ["pretrained", "warm_start"])
+def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, corpus_dir, start):
+    # the champion model as a model.tar.gz (as SageMaker stores it and fills a channel with),
+    # given as `baseline` and fine-tuned from (as `pretrained` too, or warm_start): fine-tuning
+    # keeps the tokenizer, so per-token perplexity is comparable
     tar = tmp_path / "champion" / "model.tar.gz"
     tar.parent.mkdir()
     with tarfile.open(tar, "w:gz") as t:
         for p in trained["model"].iterdir():
             t.add(p, arcname=p.name)
     out = tmp_path / "job"
+    source = ["--pretrained", str(tar.parent)] if start == "pretrained" else []
     proc = run_sluice(
         "train",
         "--train",
         str(corpus_dir / "train"),
-        "--pretrained",
-        str(tar.parent),
+        *source,
         "--baseline",
         str(tar.parent),
         "--output",
         str(out),
-        *sets(hp(max_steps=10, learning_rate=0.001)),
+        *sets(hp(max_steps=10, learning_rate=0.001, warm_start=str(start == "warm_start"))),
     )
     report = read_json(out / "model" / "evaluation.json")
     assert report["mode"] == "finetune"
