@@ -20,12 +20,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
+from benchmarks.scale import Memory
 from tests.helpers import EchoContainer, free_port, peak_rss_mb
 
 LINE = json.dumps({"text": "The lazy cat eats the fish that the dog left " * 2}).encode() + b"\n"
@@ -48,19 +46,6 @@ def sha256(path: Path) -> str:
         while block := f.read(2**24):
             digest.update(block)
     return digest.hexdigest()
-
-
-class PeakRss:
-    def __init__(self, pid: int):
-        self.proc, self.peak, self.done = psutil.Process(pid), 0, threading.Event()
-        threading.Thread(target=self._sample, daemon=True).start()
-
-    def _sample(self) -> None:
-        while not self.done.wait(0.5):
-            try:
-                self.peak = max(self.peak, self.proc.memory_info().rss)
-            except psutil.Error:
-                return
 
 
 def transform(url: str, src: str, out: str, payload_mb: int, env=None) -> dict:
@@ -126,7 +111,7 @@ def s3_run(gb: float, url: str, payload_mb: int, tmp: Path) -> dict:
         digest = write_file(path, gb)
         s3.upload_file(str(path), "big", "in/big.jsonl")
         path.unlink()
-        rss = PeakRss(server.pid)
+        rss = Memory(server.pid, interval=0.5)
         got = transform(
             url,
             "s3://big/in/",
@@ -141,7 +126,9 @@ def s3_run(gb: float, url: str, payload_mb: int, tmp: Path) -> dict:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    return row("s3 (moto server)", gb, got, same, s3_server_peak_rss_mb=round(rss.peak / 2**20))
+    return row(
+        "s3 (moto server)", gb, got, same, s3_server_peak_rss_mb=round(rss.peak_stack / 2**20)
+    )
 
 
 def main() -> None:

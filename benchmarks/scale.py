@@ -49,16 +49,17 @@ def train_tiny(out: Path) -> Path:
 
 
 class Memory:
-    """Peak RSS of the stack's process and of it with all its descendants, sampled each second."""
+    """Peak RSS of a process (`peak_stack`) and of it with all its descendants (`peak_all`),
+    sampled every `interval` seconds until `done` is set."""
 
-    def __init__(self, pid: int):
-        self.proc = psutil.Process(pid)
+    def __init__(self, pid: int, interval: float = 1.0):
+        self.proc, self.interval = psutil.Process(pid), interval
         self.peak_stack = self.peak_all = 0
         self.done = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
     def _sample(self) -> None:
-        while not self.done.wait(1.0):
+        while not self.done.wait(self.interval):
             try:
                 own = self.proc.memory_info().rss
                 kids = 0
