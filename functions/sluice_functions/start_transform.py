@@ -273,7 +273,7 @@ def wait_in_queue(settings: Settings, records: list, uploads: list[Upload]) -> s
     go back as batch item failures instead."""
     now = time.time()
     failed: set[str] = set()
-    entries: dict[str, dict] = {}
+    kept: dict[str, tuple[str, waiting.Waiting]] = {}
     for rec in records:
         state = waiting.Waiting.of(rec.raw_event.get("messageAttributes") or {}, now)
         if state.expired(now, settings.max_wait_s):
@@ -289,10 +289,10 @@ def wait_in_queue(settings: Settings, records: list, uploads: list[Upload]) -> s
             if rec.attributes.approximate_receive_count == "1":
                 report_not_started(settings, mine, "QuotaWaitExpired", reason, "gave up waiting")
             continue
-        entries[rec.message_id] = waiting.resend_entry(
-            str(len(entries)), rec.body, state, settings.wait_first_s
-        )
-    ids = list(entries)
+        kept[rec.message_id] = (rec.body, state)
+    ids = list(kept)
+    resent = waiting.resend_entries(list(kept.values()), settings.wait_first_s)
+    entries = dict(zip(ids, resent, strict=True))
     sqs = client("sqs")
     for start in range(0, len(ids), 10):  # SendMessageBatch: at most 10 entries
         chunk = ids[start : start + 10]

@@ -16,6 +16,8 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import boto3
 import pytest
@@ -131,26 +133,31 @@ def test_uploads_become_predictions_beside_a_success_report(local, champion):
 
 
 def test_batches_beyond_the_quota_wait_and_all_complete(local, champion):
-    """Quota 1 instance, three batches arriving while the first job runs: all three uploads
-    complete, never two jobs at once, nothing in the DLQ (waiting does not count receives)."""
+    """Quota 1 instance, three bursts of 40 uploads arriving while the first job runs: every
+    upload in exactly one report with its one output line, never two jobs at once, nothing in
+    the DLQ (waiting does not count receives). The CI-sized form of benchmarks/scale.py."""
     users = local.users
-    keys = [f"incoming/quota/batch-{i}.jsonl" for i in range(3)]
-    for i, key in enumerate(keys):
-        if i:
-            time.sleep(3)  # past the 2 s batching window: a batch (and a job) each
-        users.put(
-            key,
-            [
-                json.dumps(
-                    {"id": i, "text": "The lazy cat eats", "parameters": {"max_new_tokens": 2}}
-                )
-            ],
-        )
+    bursts = [[f"incoming/quota/burst-{b}/file-{i:02d}.jsonl" for i in range(40)] for b in range(3)]
+    keys = [k for burst in bursts for k in burst]
+    record = {"text": "The lazy cat eats", "parameters": {"max_new_tokens": 2}}
+    with ThreadPoolExecutor(8) as pool:  # a burst lands well within the 2 s batching window
+        for b, burst in enumerate(bursts):
+            if b:
+                time.sleep(3)  # past the window: a batch (and a job) each
+            list(pool.map(lambda k: users.put(k, [json.dumps({"id": k, **record})]), burst))
     reports = users.wait_for_reports(keys)
     # the first batch's job, then the waiting ones: apart, or coalesced when they come back
-    # from waiting in one batch (both happen, by when the poller receives them)
-    assert 2 <= len(reports) <= 3
+    # from waiting in one batch (both happen, by when the poller receives them); a burst the
+    # poller happens to split makes one more
+    assert 2 <= len(reports) <= 6
     assert all(r["status"] == "Completed" for r in reports.values())
+    seen = Counter(i for r in reports.values() for i in r["inputs"])
+    assert seen == Counter(f"s3://{users.bucket}/{k}" for k in keys)  # each once
+    by_input = {i: r["job"] for r in reports.values() for i in r["inputs"]}
+    for k in keys:
+        out = users.read(f"outputs/{by_input[f's3://{users.bucket}/{k}']}/{k[9:]}.out")
+        [line] = [json.loads(x) for x in out.splitlines()]
+        assert line["id"] == k and "generated_text" in line, line
     sm = local.client("sagemaker")
     spans = sorted(
         (j["CreationTime"], j["TransformEndTime"])

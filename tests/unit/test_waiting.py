@@ -78,3 +78,18 @@ def test_quota_flags_are_parsed_or_refused():
     for bad in ("ml.g5.xlarge=1", "ml.g5.xlarge for transform job usage=one"):
         with pytest.raises(ValueError, match="expected '<instance type> for"):
             quotas.parse([bad])
+
+
+def test_a_waiting_batch_is_sent_back_with_one_delay_so_it_comes_back_as_one_batch():
+    """Jittered per message, a burst of 40 uploads came back one by one over the delay's last
+    fifth and became 18 transform jobs at quota 1 (the e2e quota test); with one delay per
+    batch it stays one job. The delay follows the longest wait in the batch."""
+    items = [(f"body-{i}", waiting.Waiting(i % 3, 100.0)) for i in range(40)]
+    for _ in range(20):
+        entries = waiting.resend_entries(items, 60)
+        assert len({e["DelaySeconds"] for e in entries}) == 1
+        assert 0.8 * 240 <= entries[0]["DelaySeconds"] <= 240  # waits 2: 60 s x 2^2
+    assert [e["Id"] for e in entries] == [str(i) for i in range(40)]
+    assert [e["MessageBody"] for e in entries] == [b for b, _ in items]
+    assert entries[4]["MessageAttributes"]["SluiceWaits"]["StringValue"] == "2"
+    assert waiting.resend_entries([], 60) == []
