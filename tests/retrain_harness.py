@@ -134,6 +134,8 @@ class SimulatedSageMaker:
     """Outcomes the next jobs and deployments reach, and after how many polls."""
 
     training: str = "Completed"  # Completed | Failed | InProgress (never finishes)
+    # CreateTrainingJob calls answered ResourceLimitExceeded before one is accepted
+    quota_refusals: int = 0
     metrics: dict = field(default_factory=lambda: {"gate_challenger": 40.0})
     training_failure: str = "AlgorithmError: CUDA out of memory"
     deployment: str = "InService"  # InService | RolledBack | Failed
@@ -168,6 +170,16 @@ class SimulatedSageMaker:
         describe_training = SageMakerModelBackend.describe_training_job
 
         def create_training_job(backend, *args, **kwargs):
+            if sim.quota_refusals > 0:
+                from moto.core.exceptions import JsonRESTError
+
+                sim.quota_refusals -= 1
+                raise JsonRESTError(
+                    "ResourceLimitExceeded",
+                    "The account-level service limit 'ml.g5.xlarge for training job usage' is 1 "
+                    "Instances, with current utilization of 1 Instances and a request delta of 1 "
+                    "Instances. Please contact AWS support to request an increase for this limit.",
+                )
             job = create_training(backend, *args, **kwargs)
             job.training_job_status, job.secondary_status = "InProgress", "Training"
             job.final_metric_data_list = []

@@ -234,6 +234,41 @@ def test_training_failure_is_reported_and_changes_nothing(world):
     assert note["violations"] == [{"feature_name": "tokens"}]
 
 
+def states_entered(d: dict) -> list[str]:
+    sfn = boto3.client("stepfunctions", region_name=h.REGION)
+    events = sfn.get_execution_history(executionArn=d["executionArn"], maxResults=1000)["events"]
+    return [
+        e["stateEnteredEventDetails"]["name"] for e in events if "stateEnteredEventDetails" in e
+    ]
+
+
+def test_a_training_quota_in_use_waits_instead_of_failing(world):
+    """CreateTrainingJob answering ResourceLimitExceeded (the account's training quota in use by
+    other jobs): no job exists, so the execution waits 5 minutes and tries again, and trains
+    once the quota frees; a quota that stays in use is reported after TrainingQuotaWaits."""
+    h.install_champion()
+    world["sim"].metrics = {
+        "gate_challenger": 30.0,
+        "gate_baseline": 40.0,
+        "gate_improvement": 0.25,
+    }
+    world["sim"].quota_refusals = 8  # each round: the call and its 3 retries
+    d = h.run(world["arn"], "quota", {"reason": "schedule"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    assert json.loads(d["output"])["outcome"] == "promoted"
+    states = states_entered(d)
+    assert states.count("WaitForTrainingQuota") == 2 and states.count("Train") == 3
+    assert world["sim"].quota_refusals == 0
+
+    arn = h.create_state_machine(world, name="sluice-test-retrain-quota", TrainingQuotaWaits=1)
+    world["sim"].quota_refusals = 10**6
+    d = h.run(arn, "quota-forever", {"reason": "schedule"})
+    assert d["status"] == "FAILED" and "ResourceLimitExceeded" in d["cause"], h.explain(d)
+    assert states_entered(d).count("WaitForTrainingQuota") == 1
+    note = h.notifications(world)[-1]
+    assert note["outcome"] == "failed" and "training job usage" in note["cause"]
+
+
 def test_missing_gate_metrics_fail_loudly(world):
     world["sim"].metrics = {"train_loss": 2.0}
     d = h.run(world["arn"], "nofigures", {})
