@@ -643,7 +643,7 @@ body_strategy = st.tuples(
     st.booleans(), st.lists(line, max_size=6), st.sampled_from([b"\n", b"\r\n"]), st.booleans()
 ).map(lambda t: (b"\xef\xbb\xbf" if t[0] else b"") + t[2].join(t[1]) + (t[2] if t[3] else b""))
 CTYPES = ["application/jsonlines", "text/plain", "text/csv", "application/json", "text/xml"]
-CASES = 3000
+CASES = 2000
 SEEN = {"bodies": 0, "lines": 0, "openai": 0}
 
 
