@@ -71,7 +71,9 @@ def test_scratch_training_lowers_loss_and_reopens_with_plain_transformers(traine
     assert "validation_perplexity=" in trained["stdout"]
 
 
-@pytest.mark.parametrize("start", ["pretrained", "warm_start"])
+@pytest.mark.parametrize(
+    "start", ["pretrained", pytest.param("warm_start", marks=pytest.mark.slow)]
+)
 def test_finetune_from_a_tarball_compared_with_the_champion(tmp_path, trained, corpus_dir, start):
     # the champion model as a model.tar.gz (as SageMaker stores it and fills a channel with),
     # given as `baseline` and fine-tuned from (as `pretrained` too, or warm_start): fine-tuning
