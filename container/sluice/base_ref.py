@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -65,6 +64,11 @@ def _listing(s3, uri: str) -> list[dict]:
 def describe(uri: str) -> dict:
     """What sluice.json records of a base: its URI, its ETag (one object's, or a digest of every
     object's key and ETag under a prefix) and its size in bytes."""
+    return _described(uri)[0]
+
+
+def _described(uri: str) -> tuple[dict, list[dict]]:
+    """describe's answer and the objects it read (what a fetch then downloads)."""
     try:
         objects = _listing(_s3(), uri)
     except SluiceError:
@@ -78,7 +82,7 @@ def describe(uri: str) -> dict:
             f"{o['Key']} {o['ETag']}\n" for o in sorted(objects, key=lambda o: o["Key"])
         )
         etag = "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
-    return {"s3_uri": uri, "etag": etag, "size": sum(o["Size"] for o in objects)}
+    return {"s3_uri": uri, "etag": etag, "size": sum(o["Size"] for o in objects)}, objects
 
 
 def has_weights(model_dir: Path) -> bool:
@@ -106,7 +110,7 @@ def fetch(ref: dict, cache: Path | None = None) -> Path:
     Refused when the object in S3 is no longer the one trained on: an adapter applied to other
     weights would serve wrong answers without any error."""
     uri, cache = ref["s3_uri"], cache or cache_root()
-    now = describe(uri)
+    now, objects = _described(uri)
     if now["etag"] != ref.get("etag"):
         raise SluiceError(
             f"the base model {uri} changed since the adapter was trained (ETag {now['etag']}, "
@@ -119,7 +123,7 @@ def fetch(ref: dict, cache: Path | None = None) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".fetching-", dir=cache))
     try:
-        folder = _download(uri, work)
+        folder = _download(uri, objects, work)
         (work / marker.name).write_text(json.dumps({"folder": str(folder.relative_to(work))}))
         try:
             os.rename(work, final)  # atomic: another process of the job may have won the race
@@ -132,32 +136,28 @@ def fetch(ref: dict, cache: Path | None = None) -> Path:
     return final / json.loads(marker.read_text())["folder"]
 
 
-def _download(uri: str, work: Path) -> Path:
-    s3 = _s3()
+def _download(uri: str, objects: list[dict], work: Path) -> Path:
+    from .model import unpacked_model  # model.py loads models through this module
+
+    s3, files = _s3(), work / "files"
     bucket, key = split_s3(uri)
     try:
-        objects = _listing(s3, uri)
         for o in objects:
             rel = Path(o["Key"]).name if o["Key"] == key else Path(o["Key"][len(key) :])
-            dest = work / "files" / rel
+            dest = files / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(bucket, o["Key"], str(dest))
-    except SluiceError:
-        raise
-    except Exception as e:
+    except Exception as e:  # botocore's ClientError and its connection errors alike
         raise _error(uri, e) from None
-    files = work / "files"
-    tars = [p for p in files.iterdir() if p.name.endswith(".tar.gz")]
-    if not (files / "config.json").exists() and len(tars) == 1:
-        with tarfile.open(tars[0]) as tar:
-            tar.extractall(files, filter="data")
-        tars[0].unlink()
-    found = sorted((p.parent for p in files.rglob("config.json")), key=lambda p: len(p.parts))
-    if not found:
-        raise SluiceError(f"the base model {uri} holds no config.json: not a save_pretrained model")
-    if not has_weights(found[0]):
+    try:
+        folder = unpacked_model(files, work)
+    except SluiceError as e:
+        raise SluiceError(f"the base model {uri}: {e}") from None
+    for tar in files.glob("*.tar.gz"):  # unpacked: the archive's disk is the base's twice over
+        tar.unlink()
+    if not has_weights(folder):
         raise SluiceError(f"the base model {uri} holds no weights (it names a base itself?)")
-    return found[0]
+    return folder
 
 
 def reference(model_dir: Path) -> dict | None:

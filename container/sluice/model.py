@@ -86,10 +86,12 @@ def build_scratch_model(cfg, tokenizer) -> torch.nn.Module:
 def unpack_model_source(source: Path, scratch: Path) -> Path:
     """A model folder from a `save_pretrained` directory or a model.tar.gz of one (a channel),
     with its base fetched when it names one instead of carrying it (`base_ref`)."""
-    return with_base(_unpacked(source, scratch))
+    return with_base(unpacked_model(source, scratch))
 
 
-def _unpacked(source: Path, scratch: Path) -> Path:
+def unpacked_model(source: Path, scratch: Path) -> Path:
+    """The model folder in `source` (a save_pretrained folder, one model.tar.gz unpacked into
+    `scratch`, or one nested folder), as it is: a base it names is not fetched."""
     if source.is_dir():
         if (source / "config.json").exists():
             return source
