@@ -32,15 +32,22 @@ def error_code(e: ClientError) -> str:
     return e.response.get("Error", {}).get("Code", "")
 
 
-def sagemaker_job_status(describe: str, field: str, **name: str) -> str | None:
-    """A SageMaker job's status (`field` of its description, e.g. `describe_transform_job`'s
-    "TransformJobStatus"), or None if no job has that name."""
+def sagemaker_job(describe: str, **name: str) -> dict | None:
+    """A SageMaker job's description (`describe`, e.g. "describe_transform_job"), or None if no
+    job has that name."""
     try:
-        return getattr(client("sagemaker"), describe)(**name)[field]
+        return getattr(client("sagemaker"), describe)(**name)
     except ClientError as e:
         if error_code(e) in ("ValidationException", "ResourceNotFound"):
             return None  # SageMaker's answer for an unknown name
         raise
+
+
+def sagemaker_job_status(describe: str, field: str, **name: str) -> str | None:
+    """A SageMaker job's status (`field` of its description, e.g. `describe_transform_job`'s
+    "TransformJobStatus"), or None if no job has that name."""
+    job = sagemaker_job(describe, **name)
+    return None if job is None else job[field]
 
 
 def already_exists(e: ClientError) -> bool:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
-from urllib.parse import unquote_plus
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from urllib.parse import quote_plus, unquote_plus
 
 from aws_lambda_powertools.utilities.data_classes import S3Event
 
@@ -39,6 +40,33 @@ class Upload:
     @property
     def location(self) -> str:
         return f"{self.bucket}/{self.key}"
+
+    def record(self) -> dict:
+        """What a job's uploads file keeps of it (uploads_key): enough to notify it again."""
+        return {k: v for k, v in asdict(self).items() if k != "message_id"}
+
+    def notification(self, region: str) -> str:
+        """An S3 event notification of this upload, as S3 writes one to SQS (User Guide, "Event
+        message structure"; parse_message reads it back to this Upload): what a job that found
+        no capacity sends back to the queue for its uploads."""
+        obj = {"key": quote_plus(self.key, safe="/"), "size": self.size, "eTag": self.etag}
+        if self.version_id:
+            obj["versionId"] = self.version_id
+        if self.sequencer:
+            obj["sequencer"] = self.sequencer
+        record = {
+            "eventVersion": "2.1",
+            "eventSource": "aws:s3",
+            "awsRegion": region,
+            "eventTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z",
+            "eventName": "ObjectCreated:Put",
+            "s3": {
+                "s3SchemaVersion": "1.0",
+                "bucket": {"name": self.bucket, "arn": f"arn:aws:s3:::{self.bucket}"},
+                "object": obj,
+            },
+        }
+        return json.dumps({"Records": [record]})
 
 
 SEQUENCER_WIDTH = 64
@@ -288,6 +316,12 @@ def manifest(bucket: str, keys: list[str], prefix: str | None = None) -> tuple[s
     prefix = common_prefix(keys) if prefix is None else prefix
     assert all(k.startswith(prefix) for k in keys), (prefix, keys)
     return prefix, [{"prefix": f"s3://{bucket}/{prefix}"}, *[k[len(prefix) :] for k in keys]]
+
+
+def uploads_key(name: str) -> str:
+    """Beside a job's manifest, its uploads as the events named them (Upload.record) and how
+    long they had waited: a job that fails for capacity sends them back to the queue."""
+    return f"manifests/{name}.uploads.json"
 
 
 def job_manifest(settings: Settings, keys: list[str]) -> list:

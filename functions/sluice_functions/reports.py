@@ -25,11 +25,12 @@ class Counts:
     output_tokens: int = 0
 
 
-def report_key(output_uri: str, success: bool) -> str:
-    """The report's key: beside the outputs, in the job's output prefix."""
+def report_key(output_uri: str, success: bool, filename: str | None = None) -> str:
+    """The report's key: beside the outputs, in the job's output prefix (`filename` for other
+    reports than _SUCCESS.json / _FAILURE.json)."""
     _, path = split_uri(output_uri)
     folder = path.rstrip("/") + "/" if path.strip("/") else ""
-    return folder + ("_SUCCESS.json" if success else "_FAILURE.json")
+    return folder + (filename or ("_SUCCESS.json" if success else "_FAILURE.json"))
 
 
 def split_uri(uri: str) -> tuple[str, str]:

@@ -5,11 +5,12 @@ require), named from its content so a redelivered batch finds its job already th
 whose job *failed* is not swallowed when its messages come back (a crash before they were
 deleted, or an operator's redrive from the DLQ after fixing the cause): it runs again under the
 next attempt's name (SageMaker never reuses a job name), at most MAX_ATTEMPTS times, then its
-messages go back to the queue and on to the DLQ. Work that cannot start *yet* (the account's
-instance quota reached, CreateTransformJob throttled) is sent back to the queue with a delay and
-never counts towards the DLQ (waiting.py); other errors report those messages as batch item
-failures (retried, then the DLQ); messages that are not S3 events are logged, counted and
-acknowledged.
+messages go back to the queue and on to the DLQ; a job that failed because SageMaker found no
+instances (CapacityError: transform_finished sent its uploads back to wait) is not an attempt.
+Work that cannot start *yet* (the account's instance quota reached, CreateTransformJob throttled)
+is sent back to the queue with a delay and never counts towards the DLQ (waiting.py); other
+errors report those messages as batch item failures (retried, then the DLQ); messages that are
+not S3 events are logged, counted and acknowledged.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .aws import (
     client,
     current_model,
     error_code,
+    sagemaker_job,
     sagemaker_job_status,
 )
 from .batching import (
@@ -43,6 +45,7 @@ from .batching import (
     parse_message,
     plan_jobs,
     transform_request,
+    uploads_key,
 )
 from .reports import failure_report, report_key, superseded_key, superseded_report
 
@@ -68,6 +71,9 @@ def model_or_raise() -> str:
 
 
 MAX_ATTEMPTS = 3  # jobs one batch may run as, the first and two after failures
+# names of a batch's earlier jobs looked at: its failures, plus the jobs that found no capacity
+# (those do not count as attempts: MaxWaitHours bounds them, in transform_finished)
+MAX_NAMES = 200
 
 
 class Contended(Exception):
@@ -78,19 +84,32 @@ class AttemptsExhausted(Exception):
     """Every attempt's job for this batch failed: the messages go on to the DLQ."""
 
 
-def start_job(settings: Settings, model: str, group: list[Upload], table: str | None) -> str:
+def start_job(
+    settings: Settings,
+    model: str,
+    group: list[Upload],
+    table: str | None,
+    waited: waiting.Waiting | None = None,
+) -> str:
     """Claim the uploads, write the manifest, create the job; 'started' or 'duplicate'."""
-    for attempt in range(MAX_ATTEMPTS):
+    failures = 0
+    for attempt in range(MAX_NAMES):
         name = job_name(settings.stage, group, attempt)
-        status = job_status(name)
-        if status is None:
+        job = sagemaker_job("describe_transform_job", TransformJobName=name)
+        if job is None:
             break
-        if status != "Failed":
+        if job["TransformJobStatus"] != "Failed":
             logger.info("job already exists: a redelivered batch", extra={"job": name})
             return "duplicate"
+        if waiting.is_capacity_failure(job.get("FailureReason")):
+            logger.info("this batch's job found no capacity: trying again", extra={"job": name})
+            continue
+        failures += 1
+        if failures >= MAX_ATTEMPTS:
+            raise AttemptsExhausted(name)
         logger.warning(
             "this batch's job failed: running it again under a new name",
-            extra={"failed_job": name, "attempt": attempt + 2},
+            extra={"failed_job": name, "attempt": failures + 1},
         )
     else:
         raise AttemptsExhausted(name)
@@ -98,7 +117,7 @@ def start_job(settings: Settings, model: str, group: list[Upload], table: str | 
         claims.release(table, group, name)
         raise Contended(name)
     try:
-        _create(settings, model, group, name)
+        _create(settings, model, group, name, waited or waiting.Waiting(0, time.time()))
     except ClientError:
         if table:
             claims.release(table, group, name)
@@ -106,14 +125,25 @@ def start_job(settings: Settings, model: str, group: list[Upload], table: str | 
     return "started"
 
 
-def _create(settings: Settings, model: str, group: list[Upload], name: str) -> None:
-    """Write the manifest, then CreateTransformJob (an existing job counts as done)."""
+def _create(
+    settings: Settings, model: str, group: list[Upload], name: str, waited: waiting.Waiting
+) -> None:
+    """Write the manifest and the uploads file, then CreateTransformJob (an existing job counts
+    as done)."""
+    s3 = client("s3")
     body = job_manifest(settings, [u.key for u in group])
     key = f"manifests/{name}.json"
-    client("s3").put_object(
+    s3.put_object(
         Bucket=settings.bucket,
         Key=key,
         Body=json.dumps(body).encode(),
+        ContentType="application/json",
+    )
+    uploads = {**waited.record(), "uploads": [u.record() for u in group]}
+    s3.put_object(
+        Bucket=settings.bucket,
+        Key=uploads_key(name),
+        Body=json.dumps(uploads).encode(),
         ContentType="application/json",
     )
     try:
@@ -221,10 +251,16 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
             report_not_started(settings, uploads, "NoModel", str(e), "no model")
         return failures(failed | {u.message_id for u in uploads})
 
+    now = time.time()
+    waited = {  # how long each message's work has waited already (waiting.py)
+        rec.message_id: waiting.Waiting.of(rec.raw_event.get("messageAttributes") or {}, now)
+        for rec in event.records
+    }
     later: list[Upload] = []  # uploads whose job cannot start yet: sent back to wait
     for group in plan_jobs(uploads, settings.max_files, settings.max_bytes, settings.content_type):
         try:
-            outcome = start_job(settings, model, group, table)
+            group_waited = waiting.Waiting.of_all([waited[u.message_id] for u in group], now)
+            outcome = start_job(settings, model, group, table, group_waited)
             metrics.add_metric(
                 "JobsStarted" if outcome == "started" else "DuplicateBatches", MetricUnit.Count, 1
             )
@@ -292,20 +328,9 @@ def wait_in_queue(settings: Settings, records: list, uploads: list[Upload]) -> s
         kept[rec.message_id] = (rec.body, state)
     ids = list(kept)
     resent = waiting.resend_entries(list(kept.values()), settings.wait_first_s)
-    entries = dict(zip(ids, resent, strict=True))
-    sqs = client("sqs")
-    for start in range(0, len(ids), 10):  # SendMessageBatch: at most 10 entries
-        chunk = ids[start : start + 10]
-        try:
-            answer = sqs.send_message_batch(
-                QueueUrl=settings.queue_url, Entries=[entries[m] for m in chunk]
-            )
-        except ClientError as e:
-            logger.error("could not send uploads back to wait", extra={"error": str(e)})
-            failed |= set(chunk)
-            continue
-        for bad in answer.get("Failed", []):
-            failed.add(chunk[int(bad["Id"]) - start])
+    for entry_id, why in waiting.send_back(client("sqs"), settings.queue_url, resent).items():
+        logger.error("could not send uploads back to wait", extra={"error": why})
+        failed.add(ids[int(entry_id)])
     waited = len(ids) - len(failed & set(ids))
     metrics.add_metric("UploadsWaiting", MetricUnit.Count, waited)
     logger.info("uploads sent back to wait for capacity", extra={"messages": waited})

@@ -5,6 +5,9 @@ counts, the job's sums, duration, instance-seconds and cost), EMF metrics of the
 for OpenAI batch inputs the failed requests copied to `<input>.errors.jsonl`.
 Failed or Stopped: the FailureReason and the input keys (from the claims table when the manifest
 cannot be read), and an SNS notification.
+Failed because SageMaker found no instances (`CapacityError`): waiting, not failing. The job's
+uploads go back to the incoming queue as S3 notifications, delayed as quota waits are
+(waiting.py), and run in a new job; `_WAITING.json` says so. Past MaxWaitHours it is a failure.
 SageMaker may deliver the same event twice: the report is written only if absent, so the
 notification goes out once.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from dataclasses import asdict
 
 from aws_lambda_powertools import Logger, Metrics
@@ -22,8 +26,9 @@ from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, event
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
-from . import claims
+from . import claims, waiting
 from .aws import client, error_code
+from .batching import Settings, Upload, uploads_key
 from .reports import (
     Counts,
     count_lines,
@@ -121,6 +126,66 @@ def notify(report: dict, output_uri: str, key: str) -> None:
     client("sns").publish(TopicArn=os.environ["TOPIC_ARN"], Subject=subject, Message=message)
 
 
+def read_uploads(bucket: str, name: str) -> dict | None:
+    """The job's uploads file (start_transform wrote it), or None (a job from before it)."""
+    try:
+        body = client("s3").get_object(Bucket=bucket, Key=uploads_key(name))["Body"].read()
+        return json.loads(body)
+    except ClientError as e:  # without s3:ListBucket a missing key answers AccessDenied
+        if error_code(e) in ("NoSuchKey", "AccessDenied", "404", "403"):
+            return None
+        raise
+
+
+def wait_for_capacity(name: str, detail: dict, output_uri: str) -> dict | None:
+    """A job SageMaker found no instances for: send its uploads back to the queue to run in a
+    new job (waiting.py), and write `_WAITING.json`; None when it cannot wait (no uploads file,
+    or it waited past MaxWaitHours): then it is reported as failed."""
+    settings = Settings.from_env(dict(os.environ))
+    bucket, _ = split_uri(output_uri)
+    doc = read_uploads(bucket, name)
+    if doc is None or not settings.queue_url:
+        return None
+    now = time.time()
+    waited = waiting.Waiting.from_record(doc, now)
+    if waited.expired(now, settings.max_wait_s):
+        # reported as a failed job (JobsFailed pages, as for any failed job)
+        logger.error("gave up waiting for capacity", extra={"job": name, "since": waited.since})
+        return None
+    region = os.environ.get("AWS_REGION", "us-east-1")
+    uploads = [Upload("", **u) for u in doc["uploads"]]
+    entries = waiting.resend_entries(
+        [(u.notification(region), waited) for u in uploads], settings.wait_first_s
+    )
+    # sent before the report is written: a retried invocation sends them again, and the claims
+    # drop the copies (start_transform), where a report written first could lose them
+    not_sent = waiting.send_back(client("sqs"), settings.queue_url, entries)
+    if not_sent:
+        raise RuntimeError(f"could not send {len(not_sent)} uploads back to wait: {not_sent}")
+    report = {
+        "job": name,
+        "status": "Failed",
+        "reason": detail.get("FailureReason"),
+        "waiting": (
+            "SageMaker found no instances for this job: its uploads went back to the queue "
+            "and run in a new job (docs/batch.md, waiting is not failing)"
+        ),
+        "uploads": [f"s3://{u.bucket}/{u.key}" for u in uploads],
+        "waits": waited.waits + 1,
+        "waiting_since": waited.since,
+        "next_try_in_s": entries[0]["DelaySeconds"] if entries else None,
+    }
+    key = report_key(output_uri, False, "_WAITING.json")
+    wrote = write_once(output_uri, key, report)
+    metrics.add_metric("CapacityWaits", MetricUnit.Count, int(wrote))
+    metrics.add_metric("UploadsWaiting", MetricUnit.Count, len(uploads) if wrote else 0)
+    logger.warning(
+        "no capacity for this job: its uploads wait in the queue",
+        extra={"uploads": len(uploads), "reason": detail.get("FailureReason"), "report": key},
+    )
+    return {"job": name, "status": "Failed", "report": key, "written": wrote, "waiting": True}
+
+
 @metrics.log_metrics
 @logger.inject_lambda_context
 @event_source(data_class=EventBridgeEvent)
@@ -139,6 +204,10 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
     if not keys and table:  # the manifest is gone: the claims still name the uploads
         inputs = claims.uploads_of(table, name)
         extra = {"inputs_from": "claims (the job's manifest could not be read)"}
+    if status == "Failed" and waiting.is_capacity_failure(detail.get("FailureReason")):
+        waited = wait_for_capacity(name, detail, output_uri)
+        if waited is not None:
+            return waited
     if status == "Completed":
         files = output_counts(output_uri, prefix, keys)
         price = os.environ.get("TRANSFORM_PRICE_PER_HOUR", "")

@@ -1,4 +1,5 @@
-"""Work that cannot start *yet*: an account quota reached, CreateTransformJob throttled.
+"""Work that cannot start *yet*: an account quota reached, CreateTransformJob throttled, or a
+job SageMaker created but could not find instances for (`CapacityError`).
 
 Reporting such messages as batch item failures would count a receive each time, and after the
 queue's maxReceiveCount (3) the uploads would sit in the DLQ although they only had to wait for a
@@ -12,6 +13,12 @@ Only what waiting can mend waits. SageMaker's quota message says the quota and t
 current utilization of 2 Instances and a request delta of 1 Instances.`): a request larger than
 the quota itself (a new account's 0 for a GPU type) never fits, and fails at once with a report
 that names the quota to raise.
+
+A job that was created and then failed because SageMaker could not provision its instances is
+waiting too: its FailureReason begins with `CapacityError` (AWS Batch User Guide, "Jobs stuck
+in RUNNABLE due to capacity", for SageMaker jobs; the SageMaker Python SDK raises its
+CapacityError on the same prefix). transform_finished sends its uploads back to the queue the
+same way, and start_transform does not count such a job as one of a batch's failed attempts.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+
+from botocore.exceptions import ClientError
 
 # CreateTransformJob's answers that mean "not now": the quota (API reference: ResourceLimitExceeded)
 # and the throttling errors every AWS API may answer (botocore's standard retry mode's list).
@@ -76,6 +85,16 @@ def why_waiting_cannot_help(code: str, message: str) -> str | None:
     return None
 
 
+CAPACITY_ERROR = "CapacityError"
+
+
+def is_capacity_failure(reason: str | None) -> bool:
+    """A job's FailureReason that says SageMaker found no instances for it: waiting may mend it
+    ("CapacityError: Unable to provision requested ML compute capacity. Please retry using a
+    different ML instance type.")."""
+    return (reason or "").lstrip().startswith(CAPACITY_ERROR)
+
+
 def delay_s(waits: int, first_s: int) -> int:
     """SQS DelaySeconds before the next try: doubling, capped, jittered so that waiting batches
     do not all come back at the same second."""
@@ -102,6 +121,21 @@ class Waiting:
         except ValueError:  # someone else's attribute of that name: start counting afresh
             return cls(0, now)
 
+    @classmethod
+    def of_all(cls, states: list[Waiting], now: float) -> Waiting:
+        """A job's: the most waits and the longest wait of its uploads' messages."""
+        if not states:
+            return cls(0, now)
+        return cls(max(w.waits for w in states), min(w.since for w in states))
+
+    def record(self) -> dict:
+        """In a job's uploads file (batching.uploads_key), read back by `from_record`."""
+        return {"waits": self.waits, "waiting_since": round(self.since, 3)}
+
+    @classmethod
+    def from_record(cls, doc: dict, now: float) -> Waiting:
+        return cls(int(doc.get("waits", 0)), float(doc.get("waiting_since", now)))
+
     def expired(self, now: float, max_wait_s: float) -> bool:
         return now - self.since > max_wait_s
 
@@ -111,6 +145,20 @@ class Waiting:
             WAITS: {"DataType": "Number", "StringValue": str(self.waits + 1)},
             SINCE: {"DataType": "Number", "StringValue": f"{self.since:.3f}"},
         }
+
+
+def send_back(sqs, queue_url: str, entries: list[dict]) -> dict[str, str]:
+    """SendMessageBatch the entries (resend_entries) 10 at a time; {Id: why} of those not sent."""
+    failed: dict[str, str] = {}
+    for start in range(0, len(entries), 10):  # SendMessageBatch: at most 10 entries
+        chunk = entries[start : start + 10]
+        try:
+            answer = sqs.send_message_batch(QueueUrl=queue_url, Entries=chunk)
+        except ClientError as e:
+            failed |= {entry["Id"]: str(e) for entry in chunk}
+            continue
+        failed |= {bad["Id"]: bad.get("Message", bad["Code"]) for bad in answer.get("Failed", [])}
+    return failed
 
 
 def resend_entries(items: list[tuple[str, Waiting]], first_s: int) -> list[dict]:

@@ -229,6 +229,14 @@ def _stack_args(
         "instances of each type, training and processing unlimited)",
     )
     p.add_argument(
+        "--no-capacity",
+        action="append",
+        default=[],
+        metavar="TYPE=N",
+        help="the next N transform jobs on instance type TYPE fail as SageMaker fails a job it "
+        "finds no instances for (CapacityError), e.g. ml.g5.xlarge=2 (repeatable)",
+    )
+    p.add_argument(
         "--parameter-overrides",
         nargs="*",
         default=[],
@@ -238,6 +246,7 @@ def _stack_args(
 
 
 def _stack(args):
+    from .sagemaker import quotas
     from .stack import REPO, LocalStack
 
     return LocalStack(
@@ -248,13 +257,12 @@ def _stack(args):
         overrides=parse_overrides(args.parameter_overrides),
         config_env=args.config_env,
         durability=args.durability,
-        quotas=_quotas(args.quota),
+        quotas=_parsed(quotas.parse, args.quota),
+        no_capacity=_parsed(quotas.parse_capacity, args.no_capacity),
     )
 
 
-def _quotas(specs: list[str]) -> dict[str, int]:
-    from .sagemaker.quotas import parse
-
+def _parsed(parse, specs: list[str]) -> dict[str, int]:
     try:
         return parse(specs)
     except ValueError as e:

@@ -82,6 +82,7 @@ class LocalStack:
         out=sys.stdout,
         durability: str = "acknowledged",
         quotas: dict[str, int] | None = None,
+        no_capacity: dict[str, int] | None = None,
     ):
         self.dir = Path(state_dir).resolve()
         self.host, self.port = host, port
@@ -98,6 +99,7 @@ class LocalStack:
         self.durability_mode = durability
         self.durability = None  # durability.Durability once started
         self.quotas = quotas or {}  # SageMaker's account quotas (sagemaker/quotas.py)
+        self.no_capacity = no_capacity or {}  # transform jobs to fail for capacity, per type
 
     # --- wiring ---------------------------------------------------------------------------------
 
@@ -191,7 +193,9 @@ class LocalStack:
             {}, self.base_env, self.dir / "logs" / "functions", self.say, self.client, self.outbox
         )
         self.bus = Bus(self.client, self.functions, self.say, self.outbox)
-        self.sagemaker = LocalSageMaker(self.dir / "sagemaker", self._sagemaker_event, self.quotas)
+        self.sagemaker = LocalSageMaker(
+            self.dir / "sagemaker", self._sagemaker_event, self.quotas, self.no_capacity
+        )
         ctx = Context(self.dir / "sagemaker", self.url, self.base_env, self.say)
         self.jobs = [
             jobs.TrainingRunner(self.sagemaker, ctx),

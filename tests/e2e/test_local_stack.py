@@ -37,8 +37,9 @@ OVERRIDES = [
     "WarmStart=true",
 ]
 # an account that may run one transform instance at a time: batches that arrive while a job
-# runs wait for it (in the queue, not the DLQ)
-QUOTA = ("--quota", "ml.g5.xlarge for transform job usage=1")
+# runs wait for it (in the queue, not the DLQ); and SageMaker finds no instances for the first
+# transform job (CapacityError): its uploads wait too, and run in the next job
+QUOTA = ("--quota", "ml.g5.xlarge for transform job usage=1", "--no-capacity", "ml.g5.xlarge=1")
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,11 @@ def test_uploads_become_predictions_beside_a_success_report(local, champion):
     reports = users.wait_for_reports([f"incoming/team-a/{n}" for n in names])
     # one batching window, one job per content type: JSON Lines, and plain text (a prompt a line)
     assert len(reports) == 2
+    # the stack's first job found no capacity: its uploads waited and are in a completed job
+    [waited] = [k for k in users.keys("outputs/") if k.endswith("/_WAITING.json")]
+    waiting = json.loads(users.read(waited))
+    assert waiting["reason"].startswith("CapacityError") and waiting["uploads"]
+    assert set(waiting["uploads"]) <= {i for r in reports.values() for i in r["inputs"]}
     files = {f["input"].rsplit("/", 1)[1]: (r, f) for r in reports.values() for f in r["outputs"]}
     assert sorted(files) == sorted(names)
     assert files["prompts.jsonl"][0] is files["batch.jsonl"][0]

@@ -576,6 +576,81 @@ def test_a_failed_job_whose_manifest_is_gone_still_names_its_uploads(aws):
     assert report["inputs_from"].startswith("claims")
 
 
+CAPACITY = (  # SageMaker's FailureReason for a job it found no instances for
+    "CapacityError: Unable to provision requested ML compute capacity. Please retry using a "
+    "different ML instance type."
+)
+
+
+def fail(job: dict, reason: str) -> dict:
+    """The job failed on SageMaker's side (moto's record), and its state-change event."""
+    from moto.sagemaker.models import sagemaker_backends
+
+    record = sagemaker_backends[ACCOUNT][REGION].transform_jobs[job["TransformJobName"]]
+    record.transform_job_status = "Failed"
+    record.failure_reason = reason
+    return state_change(job, "Failed", reason)
+
+
+def reports(aws, name: str) -> list[str]:
+    listed = aws["s3"].list_objects_v2(Bucket=BUCKET, Prefix=f"outputs/{name}/")
+    return sorted(o["Key"].rsplit("/", 1)[1] for o in listed.get("Contents", []))
+
+
+def test_a_job_that_found_no_capacity_waits_and_does_not_count_as_an_attempt(aws):
+    """CapacityError after the job was created is waiting, not failing: the uploads go back to
+    the queue as S3 notifications (delayed, counted), run in a new job, and such jobs never use
+    up the batch's three attempts; a duplicate state-change event starts nothing twice."""
+    import time
+
+    job = started_job(aws)
+    inputs = job_inputs(aws, job)
+    event = fail(job, CAPACITY)
+    first = finished(event)
+    assert first["waiting"] and first["written"] and first["report"].endswith("/_WAITING.json")
+    assert finished(event)["written"] is False  # EventBridge delivered it twice
+    assert reports(aws, job["TransformJobName"]) == ["_WAITING.json"] and notified(aws) == []
+    report = json.loads(aws["s3"].get_object(Bucket=BUCKET, Key=first["report"])["Body"].read())
+    assert report["reason"] == CAPACITY and report["waits"] == 1
+    assert report["uploads"] == [f"s3://{BUCKET}/incoming/p/{n}.jsonl" for n in "ab"]
+    assert delayed(aws) == 4  # two uploads, sent back once per event
+    time.sleep(2.5)  # QUOTA_RETRY_SECONDS=1: the first wait is at most 2 s
+    again = sqs_event(aws, expect=4)
+    for r in again["Records"]:
+        assert r["messageAttributes"]["SluiceWaits"]["stringValue"] == "1"
+    assert start(again) == {"batchItemFailures": []}  # the copies are duplicates (claims)
+    [retry] = [j for j in jobs(aws) if j["TransformJobName"] != job["TransformJobName"]]
+    assert job_inputs(aws, retry) == inputs
+    # three more capacity failures, each delivered again: every one is a new job (three
+    # failures of any other kind end the batch: test_a_batch_whose_job_failed_runs_again...)
+    names = {job["TransformJobName"], retry["TransformJobName"]}
+    for _ in range(3):
+        fail(retry, CAPACITY)
+        assert start(again) == {"batchItemFailures": []}
+        [retry] = [j for j in jobs(aws) if j["TransformJobName"] not in names]
+        names.add(retry["TransformJobName"])
+    assert len(jobs(aws)) == 5 and job_inputs(aws, retry) == inputs
+
+
+def test_a_job_that_waited_for_capacity_past_the_limit_fails_with_a_report(aws, monkeypatch):
+    import time
+
+    monkeypatch.setenv("MAX_WAIT_HOURS", "1")
+    upload(aws, "incoming/x.jsonl")
+    [record] = [r for r in sqs_event(aws)["Records"] if "TestEvent" not in r["body"]]
+    record["messageAttributes"] = {  # it waited for the quota 1 h 2 min before its job started
+        "SluiceWaits": {"stringValue": "9", "dataType": "Number"},
+        "SluiceWaitingSince": {"stringValue": str(time.time() - 3720), "dataType": "Number"},
+    }
+    assert start({"Records": [record]}) == {"batchItemFailures": []}
+    [job] = jobs(aws)
+    done = finished(fail(job, CAPACITY))
+    assert done["report"].endswith("/_FAILURE.json") and "waiting" not in done
+    assert reports(aws, job["TransformJobName"]) == ["_FAILURE.json"] and delayed(aws) == 0
+    [note] = notifications(aws)
+    assert note["reason"] == CAPACITY
+
+
 def test_other_events_are_ignored(aws):
     job = started_job(aws)
     assert finished(state_change(job, "InProgress"))["action"] == "ignored"

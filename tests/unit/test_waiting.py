@@ -93,3 +93,40 @@ def test_a_waiting_batch_is_sent_back_with_one_delay_so_it_comes_back_as_one_bat
     assert [e["MessageBody"] for e in entries] == [b for b, _ in items]
     assert entries[4]["MessageAttributes"]["SluiceWaits"]["StringValue"] == "2"
     assert waiting.resend_entries([], 60) == []
+
+
+def test_a_job_that_found_no_capacity_is_told_from_other_failures():
+    """SageMaker's FailureReason begins with CapacityError (AWS Batch User Guide, "Jobs stuck in
+    RUNNABLE due to capacity"); the local SageMaker fails such jobs with the same words."""
+    assert waiting.is_capacity_failure(quotas.CAPACITY_ERROR)
+    for other in (None, "", "ClientError: model container failed a ping", "AlgorithmError: x"):
+        assert not waiting.is_capacity_failure(other)
+
+
+def test_a_job_records_its_uploads_longest_wait_and_an_upload_is_notified_again_as_s3_does():
+    from sluice_functions.batching import Parsed, Settings, Upload, parse_message
+
+    states = [waiting.Waiting(2, 500.0), waiting.Waiting(0, 900.0)]
+    job = waiting.Waiting.of_all(states, now=1000.0)
+    assert job == waiting.Waiting(2, 500.0)
+    assert waiting.Waiting.from_record(job.record(), now=1000.0) == job
+    assert waiting.Waiting.of_all([], now=7.0) == waiting.Waiting(0, 7.0)
+    upload = Upload("m", "b", "incoming/team a/x+1 é.jsonl", 12, "e1", "v1", "00AB")
+    settings = Settings(stage="dev", bucket="b")
+    parsed = Parsed()
+    parse_message("m2", upload.notification("us-east-1"), settings, parsed)
+    assert parsed.uploads == [Upload("m2", **upload.record())]
+    bare = Upload("m", "b", "incoming/y.txt", 3, "e2")  # no versioning, no sequencer
+    parse_message("m3", bare.notification("us-east-1"), settings, parsed)
+    assert parsed.uploads[-1] == Upload("m3", **bare.record())
+
+
+def test_the_local_sagemaker_finds_no_capacity_for_the_jobs_it_is_told(tmp_path):
+    from sluice_local.sagemaker.api import LocalSageMaker
+
+    assert quotas.parse_capacity(["ml.g5.xlarge=2"]) == {"ml.g5.xlarge": 2}
+    with pytest.raises(ValueError, match="expected '<instance type>=<jobs>'"):
+        quotas.parse_capacity(["g5=1"])
+    api = LocalSageMaker(tmp_path, lambda *_: None, no_capacity={"ml.g5.xlarge": 2})
+    took = [api.finds_no_capacity("ml.g5.xlarge") for _ in range(3)]
+    assert took == [True, True, False] and not api.finds_no_capacity("ml.m5.xlarge")

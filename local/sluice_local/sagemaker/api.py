@@ -80,9 +80,11 @@ class LocalSageMaker:
         state_dir: Path,
         emit: Callable[[str, dict], None],
         quotas: dict[str, int] | None = None,
+        no_capacity: dict[str, int] | None = None,
     ):
         self.dir = state_dir
         self.quotas = dict(quotas or {})  # Service Quotas name -> instances (quotas.py)
+        self.no_capacity = dict(no_capacity or {})  # instance type -> jobs to fail (quotas.py)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = self.dir / "state.json"
         self.emit = emit  # (detail-type, detail) -> the event bus
@@ -93,6 +95,14 @@ class LocalSageMaker:
         self.resources.update(doc.get("resources", {}))
         self.tags: dict[str, list[dict]] = doc.get("tags", {})
         self.ops = self.operations()
+
+    def finds_no_capacity(self, instance_type: str) -> bool:
+        """True for the next jobs on `instance_type` that `no_capacity` says fail for capacity."""
+        with self.lock:
+            left = self.no_capacity.get(instance_type, 0)
+            if left:
+                self.no_capacity[instance_type] = left - 1
+            return left > 0
 
     # --- persistence and records ----------------------------------------------------------------
 

@@ -20,6 +20,7 @@ import traceback
 from pathlib import Path
 
 from .api import LocalSageMaker
+from .quotas import CAPACITY_ERROR
 from .runtime import (
     Container,
     Context,
@@ -292,6 +293,8 @@ class TransformRunner(JobRunner):
     start_key, end_key = "TransformStartTime", "TransformEndTime"
 
     def run(self, name: str, r: dict) -> dict:
+        if self.api.finds_no_capacity(r["TransformResources"]["InstanceType"]):
+            return {self.status_key: "Failed", "FailureReason": CAPACITY_ERROR}
         folder = self.fresh_folder(name)
         container = primary_container(self.api.get("Model", r["ModelName"]))
         model_dir = self.ctx.model_dir(container["ModelDataUrl"])

@@ -12,6 +12,10 @@ Quotas are configured by that name (`sluice-local up --quota 'ml.g5.xlarge for t
 usage=1'`). Unnamed ones default to DEFAULTS: transform jobs 2 instances of each type, as low as
 new accounts often get for a GPU type; training and processing jobs unlimited (the retraining
 state machine runs one training job at a time).
+
+Capacity is not a quota: SageMaker creates the job, fails to find instances for it, and fails it
+with CAPACITY_ERROR. `sluice-local up --no-capacity ml.g5.xlarge=2` makes the next 2 transform
+jobs on that type fail so (what Sluice does then: docs/batch.md, waiting is not failing).
 """
 
 from __future__ import annotations
@@ -46,6 +50,22 @@ USAGE: dict[str, tuple[str, Callable[[dict], tuple[str, int]]]] = {
 }
 DEFAULTS = {"TransformJob": 2, "TrainingJob": None, "ProcessingJob": None}  # None: no limit
 RUNNING = ("InProgress", "Stopping")
+# a job's FailureReason when SageMaker found no instances for it (as SageMaker words it)
+CAPACITY_ERROR = (
+    "CapacityError: Unable to provision requested ML compute capacity. Please retry using a "
+    "different ML instance type."
+)
+
+
+def parse_capacity(specs: Iterable[str]) -> dict[str, int]:
+    """`TYPE=N` strings -> {TYPE: N}: the next N transform jobs on TYPE find no capacity."""
+    out: dict[str, int] = {}
+    for spec in specs:
+        name, sep, value = spec.rpartition("=")
+        if not sep or not name.strip().startswith("ml.") or not value.strip().isdigit():
+            raise ValueError(f"no capacity {spec!r}: expected '<instance type>=<jobs>'")
+        out[name.strip()] = int(value)
+    return out
 
 
 def parse(specs: Iterable[str]) -> dict[str, int]:
