@@ -22,6 +22,7 @@ import boto3
 from moto.sagemaker.exceptions import ValidationError
 
 from sluice_local import aws_rules
+from sluice_local.sagemaker.quotas import CAPACITY_ERROR
 from sluice_local.validation import message
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,6 +137,8 @@ class SimulatedSageMaker:
     training: str = "Completed"  # Completed | Failed | InProgress (never finishes)
     # CreateTrainingJob calls answered ResourceLimitExceeded before one is accepted
     quota_refusals: int = 0
+    # training jobs created and then failed because SageMaker found no instances for them
+    capacity_failures: int = 0
     metrics: dict = field(default_factory=lambda: {"gate_challenger": 40.0})
     training_failure: str = "AlgorithmError: CUDA out of memory"
     deployment: str = "InService"  # InService | RolledBack | Failed
@@ -183,6 +186,10 @@ class SimulatedSageMaker:
             job = create_training(backend, *args, **kwargs)
             job.training_job_status, job.secondary_status = "InProgress", "Training"
             job.final_metric_data_list = []
+            if sim.capacity_failures > 0:
+                sim.capacity_failures -= 1
+                job.training_job_status = job.secondary_status = "Failed"
+                job.failure_reason = CAPACITY_ERROR
             return job
 
         def describe_training_job(backend, name):

@@ -269,6 +269,44 @@ def test_a_training_quota_in_use_waits_instead_of_failing(world):
     assert note["outcome"] == "failed" and "training job usage" in note["cause"]
 
 
+def training_jobs() -> list[dict]:
+    sm = boto3.client("sagemaker", region_name=h.REGION)
+    names = [j["TrainingJobName"] for j in sm.list_training_jobs()["TrainingJobSummaries"]]
+    return [sm.describe_training_job(TrainingJobName=n) for n in names]
+
+
+def test_a_training_job_that_found_no_capacity_waits_and_trains_under_a_new_name(world):
+    """SageMaker created the job and failed it with CapacityError: the execution waits 5 minutes
+    and trains again under a new name (SageMaker never reuses one), and releases that job's
+    model; instances that never come are reported after TrainingQuotaWaits."""
+    h.install_champion()
+    world["sim"].metrics = {
+        "gate_challenger": 30.0,
+        "gate_baseline": 40.0,
+        "gate_improvement": 0.25,
+    }
+    world["sim"].capacity_failures = 2
+    d = h.run(world["arn"], "capacity", {"reason": "schedule"})
+    assert d["status"] == "SUCCEEDED", h.explain(d)
+    out = json.loads(d["output"])
+    assert out["outcome"] == "promoted"
+    assert states_entered(d).count("WaitForTrainingCapacity") == 2
+    jobs = sorted(training_jobs(), key=lambda j: j["CreationTime"])
+    first = jobs[0]["TrainingJobName"]
+    assert [j["TrainingJobName"] for j in jobs] == [first, f"{first}-c1", f"{first}-c2"]
+    assert [j["TrainingJobStatus"] for j in jobs] == ["Failed", "Failed", "Completed"]
+    assert all(len(j["TrainingJobName"]) <= 63 for j in jobs)
+    assert current_model() == f"{first}-c2"
+
+    arn = h.create_state_machine(world, name="sluice-test-retrain-capacity", TrainingQuotaWaits=1)
+    world["sim"].capacity_failures = 10**6
+    d = h.run(arn, "capacity-forever", {"reason": "schedule"})
+    assert d["status"] == "FAILED" and d["error"] == "TrainingFailed", h.explain(d)
+    assert "CapacityError" in d["cause"]
+    assert states_entered(d).count("WaitForTrainingCapacity") == 1
+    assert h.notifications(world)[-1]["outcome"] == "failed"
+
+
 def test_missing_gate_metrics_fail_loudly(world):
     world["sim"].metrics = {"train_loss": 2.0}
     d = h.run(world["arn"], "nofigures", {})
