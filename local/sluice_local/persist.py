@@ -7,6 +7,10 @@ metadata goes to an append-only journal (KeyJournal): a snapshot of S3 writes th
 their keys, and appends only the key names changed since the last one, so its cost follows the
 changes, not the number of objects the buckets hold.
 
+SQS messages go to a journal of their own (MessageJournal): a snapshot of SQS writes the queues
+without their messages and appends only the messages added, changed (a receive) or deleted since
+the last one, so a queue thousands deep costs a snapshot what changed in it, not its depth.
+
 A snapshot pickles only the services changed since the last one, into one file; a manifest names
 the file that holds each service's latest state, and replacing it (rename) makes a snapshot
 current, so what is on disk is always one point in time. durability.py decides when snapshots are
@@ -110,6 +114,27 @@ def _message_pickled(cls, state: bytes):
     return obj
 
 
+def _message_bytes(message) -> tuple[tuple, bytes]:
+    """An SQS message's attributes pickled, again only when a receive or a visibility change
+    changed them (the stamp): a snapshot of a queue thousands deep mostly copies bytes."""
+    m = vars(message)
+    stamp = (
+        m.get("sent_timestamp"),
+        m.get("approximate_receive_count"),
+        m.get("receipt_handle"),
+        m.get("visible_at"),
+        m.get("delayed_until"),
+        len(m) - ("_sluice_pickled" in m),
+    )
+    cached = m.get("_sluice_pickled")
+    if cached is None or cached[0] != stamp:
+        buf = io.BytesIO()
+        _Pickler(buf, None).dump({k: v for k, v in m.items() if k != "_sluice_pickled"})
+        cached = (stamp, buf.getvalue())
+        m["_sluice_pickled"] = cached
+    return cached
+
+
 # S3 objects' metadata pickled at epoch N is reused while the epoch is N (see _Pickler._key)
 _epoch = [0]
 
@@ -169,6 +194,7 @@ class Blobs:
 
 
 KEYS = "s3 keys"  # a snapshot's entry for the key journal's records
+MESSAGES = "sqs messages"  # and for the message journal's
 
 # Buckets' key stores being restored, by (account, bucket): filled from the journal
 _restoring: dict[tuple[str, str], object] = {}
@@ -207,21 +233,63 @@ def track_key_changes() -> None:
         Store._sluice_tracked = True
 
 
-class KeyJournal:
-    """S3 objects' metadata as an append-only file of (bucket, key name, the name's versions
-    pickled, or None once it is gone) records. Each snapshot appends the names changed since
-    the last (tracked as moto changes them); the manifest records the file and how many bytes
-    of it are current, so a record cut short by a crash is never read. Rewritten whole on the
-    first snapshot of a process, after a request that may change objects in place (tags, ACL:
-    `objects_changed`), and when it holds more than twice as many records as live names."""
+class _Journal:
+    """An append-only file of pickled records. The manifest records the file and how many bytes
+    of it are current, so a record cut short by a crash is never read; rewritten whole when a
+    subclass asks (then the old file is dropped once the manifest no longer names it)."""
 
-    def __init__(self, folder: Path, blobs: Blobs, current: dict | None):
-        self.folder, self.blobs = folder, blobs
+    prefix = "journal"
+
+    def __init__(self, folder: Path, current: dict | None):
         current = current or {}
+        self.folder = folder
         self.file: str | None = current.get("file")
         self.length: int = current.get("length", 0)
         self.records: int = current.get("records", 0)
         self.obsolete: str | None = None
+
+    def _append(self, data: bytes, records: int, rewrite: bool, generation: int) -> dict:
+        """Append (or rewrite the file with) `records` records; what the manifest records."""
+        if rewrite or self.file is None:
+            self.obsolete, self.file = self.file, f"{self.prefix}-{generation}.journal"
+            (self.folder / self.file).write_bytes(data)
+            self.length, self.records = len(data), 0
+        else:
+            with open(self.folder / self.file, "r+b") as f:
+                f.truncate(self.length)  # past it: what a failed write left
+                f.seek(self.length)
+                f.write(data)
+            self.length += len(data)
+        self.records += records
+        return {"file": self.file, "length": self.length, "records": self.records}
+
+    def _read(self):
+        """The current records, in order."""
+        if not self.file:
+            return
+        with open(self.folder / self.file, "rb") as f:
+            data = io.BytesIO(f.read(self.length))
+        while data.tell() < self.length:
+            yield pickle.load(data)
+
+    def drop_obsolete(self) -> None:
+        if self.obsolete:
+            (self.folder / self.obsolete).unlink(missing_ok=True)
+            self.obsolete = None
+
+
+class KeyJournal(_Journal):
+    """S3 objects' metadata as an append-only file of (bucket, key name, the name's versions
+    pickled, or None once it is gone) records. Each snapshot appends the names changed since
+    the last (tracked as moto changes them). Rewritten whole on the first snapshot of a process,
+    after a request that may change objects in place (tags, ACL: `objects_changed`), and when it
+    holds more than twice as many records as live names."""
+
+    prefix = "keys"
+
+    def __init__(self, folder: Path, blobs: Blobs, current: dict | None):
+        super().__init__(folder, current)
+        self.blobs = blobs
         self.dirty: set[tuple[int, str]] = set()  # (id of a bucket's key store, key name)
         self.pending: set[tuple[int, str]] = set()  # taken by a snapshot not on disk yet
         self.live: dict[tuple[tuple[str, str], str], frozenset[str]] = {}  # -> its blobs
@@ -262,23 +330,15 @@ class KeyJournal:
     def write(self, batch: dict, generation: int) -> dict:
         """Append the records (or rewrite the file with them); what the manifest records."""
         if batch["rewrite"] or self.file is None:
-            self.obsolete, self.file = self.file, f"keys-{generation}.journal"
-            (self.folder / self.file).write_bytes(batch["data"])
-            self.length, self.records, self.live = len(batch["data"]), 0, {}
-        else:
-            with open(self.folder / self.file, "r+b") as f:
-                f.truncate(self.length)  # past it: what a failed write left
-                f.seek(self.length)
-                f.write(batch["data"])
-            self.length += len(batch["data"])
+            self.live = {}
+        state = self._append(batch["data"], len(batch["live"]), batch["rewrite"], generation)
         for key, refs in batch["live"].items():
             if refs is None:
                 self.live.pop(key, None)
             else:
                 self.live[key] = refs
-        self.records += len(batch["live"])
         self.epoch, self.pending = batch["epoch"], set()
-        return {"file": self.file, "length": self.length, "records": self.records}
+        return state
 
     def referenced(self) -> set[str]:
         return set().union(*self.live.values())
@@ -287,12 +347,8 @@ class KeyJournal:
         """Fill the key stores the S3 pickle left empty (`_journaled_store`) with each name's
         last record (earlier ones may name blobs deleted since)."""
         last: dict[tuple[tuple[str, str], str], bytes | None] = {}
-        if self.file:
-            with open(self.folder / self.file, "rb") as f:
-                data = io.BytesIO(f.read(self.length))
-            while data.tell() < self.length:
-                bucket, name, payload = pickle.load(data)
-                last[(bucket, name)] = payload
+        for bucket, name, payload in self._read():
+            last[(bucket, name)] = payload
         for (bucket, name), payload in last.items():
             store = _restoring.get(bucket)
             if store is not None and payload is not None:  # else: deleted since
@@ -301,16 +357,90 @@ class KeyJournal:
         _restoring.clear()
 
 
+# Queues being restored, by (account, region, name): filled from the message journal
+_restoring_queues: dict[tuple[str, str, str], object] = {}
+
+
+def _journaled_queue(cls, state: dict, queue: tuple[str, str, str]):
+    """An SQS queue without its messages (the message journal holds them), rebuilt."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    obj._messages, obj._pending_messages = [], set()
+    _restoring_queues[queue] = obj
+    return obj
+
+
+class MessageJournal(_Journal):
+    """SQS messages as an append-only file of (queue, message id, the message pickled, or None
+    once deleted) records. Each snapshot of SQS compares every message's stamp (what a send, a
+    receive or a visibility change sets: `_message_bytes`) with the last one written and
+    appends only the differences, in queue order, so a restored queue keeps its order.
+    Rewritten whole on the first snapshot of a process and when it holds more than twice as
+    many records as live messages."""
+
+    prefix = "messages"
+
+    def __init__(self, folder: Path, current: dict | None):
+        super().__init__(folder, current)
+        self.live: dict[tuple, tuple] | None = None  # (queue, id) -> stamp; None: rewrite next
+        self.queues: dict[int, tuple[tuple[str, str, str], object]] = {}
+
+    def collect(self) -> dict:
+        """This snapshot's records (taken while no request applies)."""
+        self.queues = {
+            id(q): ((account, region, q.name), q)
+            for account, regions in _backends("sqs").items()
+            for region, backend in regions.items()
+            for q in list(backend.queues.values())
+        }
+        rewrite = self.live is None or self.records > 2 * len(self.live) + 1000
+        known = {} if rewrite or self.live is None else self.live
+        out, live, records = io.BytesIO(), {}, 0
+        for queue, q in self.queues.values():
+            for m in list(q._messages):
+                stamp, data = _message_bytes(m)
+                live[(queue, m.id)] = stamp
+                if known.get((queue, m.id)) != stamp:
+                    pickle.dump((queue, m.id, data), out, protocol=pickle.HIGHEST_PROTOCOL)
+                    records += 1
+        for gone in known.keys() - live.keys():
+            pickle.dump((*gone, None), out, protocol=pickle.HIGHEST_PROTOCOL)
+            records += 1
+        return {"rewrite": rewrite, "data": out.getvalue(), "records": records, "live": live}
+
+    def write(self, batch: dict, generation: int) -> dict:
+        state = self._append(batch["data"], batch["records"], batch["rewrite"], generation)
+        self.live = batch["live"]  # only once on disk: a failed write is diffed again
+        return state
+
+    def replay(self) -> None:
+        """Fill the queues the SQS pickle left empty (`_journaled_queue`)."""
+        from moto.sqs.models import Message
+
+        by_queue: dict[tuple, dict[str, bytes]] = {}
+        for queue, message_id, data in self._read():
+            messages = by_queue.setdefault(queue, {})
+            if data is None:
+                messages.pop(message_id, None)
+            else:
+                messages[message_id] = data  # a changed message keeps its place
+        for queue, q in _restoring_queues.items():
+            q._messages = [_message_pickled(Message, d) for d in by_queue.get(queue, {}).values()]
+        _restoring_queues.clear()
+
+
 class _Pickler(pickle.Pickler):
     def __init__(self, file, blobs: Blobs | None, journaled: dict | None = None):
         from moto.s3.models import FakeKey
         from moto.s3.utils import _VersionedKeyStore
-        from moto.sqs.models import Message
+        from moto.sqs.models import Message, Queue
         from moto.utilities.tagging_service import TaggingService
 
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.blobs = blobs
-        self.journaled = journaled or {}  # id of a key store -> (its bucket, the store)
+        # id of a key store -> (its bucket, the store); id of a queue -> (its key, the queue)
+        self.journaled = journaled or {}
+        self.queue_type = Queue
         self.references = 0  # blob references written
         self.key_type = FakeKey
         self.versions_type = _VersionedKeyStore
@@ -337,25 +467,8 @@ class _Pickler(pickle.Pickler):
         return _fake_key_pickled, (cached[1], _BlobRef(cached[2]))
 
     def _message(self, message):
-        """An SQS message, pickled again only when a receive or a visibility change changed it:
-        a snapshot of a queue thousands deep (a burst waiting for its window or for quota)
-        mostly copies bytes."""
-        m = vars(message)
-        stamp = (
-            m.get("sent_timestamp"),
-            m.get("approximate_receive_count"),
-            m.get("receipt_handle"),
-            m.get("visible_at"),
-            m.get("delayed_until"),
-            len(m) - ("_sluice_pickled" in m),
-        )
-        cached = m.get("_sluice_pickled")
-        if cached is None or cached[0] != stamp:
-            buf = io.BytesIO()
-            _Pickler(buf, None).dump({k: v for k, v in m.items() if k != "_sluice_pickled"})
-            cached = (stamp, buf.getvalue())
-            m["_sluice_pickled"] = cached
-        return _message_pickled, (type(message), cached[1])
+        """An SQS message outside a journaled queue (a DLQ's redrive source, a test's)."""
+        return _message_pickled, (type(message), _message_bytes(message)[1])
 
     def persistent_id(self, obj):
         if type(obj) is _BlobRef:
@@ -366,6 +479,10 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         if isinstance(obj, self.message_type):
             return self._message(obj)
+        if isinstance(obj, self.queue_type) and id(obj) in self.journaled:
+            skip = ("_messages", "_pending_messages")  # in-flight FIFO groups: released anyway
+            state = {k: v for k, v in vars(obj).items() if k not in skip}
+            return _journaled_queue, (type(obj), state, self.journaled[id(obj)][0])
         if isinstance(obj, self.tagging_type) and obj.tags:
             # moto keeps an empty tag set per S3 object, read exactly as no entry: dropped, or
             # the S3 pickle would grow with the objects again
@@ -444,8 +561,10 @@ class Store:
         self.manifest = self._read_manifest()
         self.manifest_files = set(self.manifest["files"].values())
         self.journal = KeyJournal(folder, self.blobs, self.manifest.get("journal"))
+        self.messages = MessageJournal(folder, self.manifest.get("messages"))
+        current = self.manifest_files | {self.journal.file, self.messages.file}
         for path in [*self.folder.glob("*.pickle"), *self.folder.glob("*.journal")]:
-            if path.name not in self.manifest_files | {self.journal.file}:  # a crash cut short
+            if path.name not in current:  # a crash cut short
                 path.unlink(missing_ok=True)
 
     def _read_manifest(self) -> dict:
@@ -470,6 +589,9 @@ class Store:
             if name == "s3":  # buckets without their keys; the keys that changed, to the journal
                 out[KEYS] = self.journal.collect()
                 journaled = self.journal.stores
+            if name == "sqs":  # queues without their messages; the messages that changed
+                out[MESSAGES] = self.messages.collect()
+                journaled = self.messages.queues
             for attempt in range(5):  # an internal thread may change a dict while it is pickled
                 try:
                     buf = io.BytesIO()
@@ -493,11 +615,13 @@ class Store:
         pickles = dict(pickles)
         keys = pickles.pop(KEYS, None)
         journal = self.journal.write(keys, gen) if keys else self.manifest.get("journal")
+        batch = pickles.pop(MESSAGES, None)
+        messages = self.messages.write(batch, gen) if batch else self.manifest.get("messages")
         data = pickle.dumps(pickles, protocol=pickle.HIGHEST_PROTOCOL)
         name = f"snapshot-{gen}.pickle"
         (self.folder / name).write_bytes(data)
         files.update(dict.fromkeys(pickles, name))
-        manifest = {"generation": gen, "files": files, "journal": journal}
+        manifest = {"generation": gen, "files": files, "journal": journal, "messages": messages}
         tmp = self.folder / "manifest.tmp"
         tmp.write_text(json.dumps(manifest))
         tmp.replace(self.folder / "manifest.json")
@@ -505,12 +629,11 @@ class Store:
         for old in set(self.manifest_files) - set(files.values()):
             (self.folder / old).unlink(missing_ok=True)
         self.manifest_files = set(files.values())
-        if self.journal.obsolete:
-            (self.folder / self.journal.obsolete).unlink(missing_ok=True)
-            self.journal.obsolete = None
+        self.journal.drop_obsolete()
+        self.messages.drop_obsolete()
         if (keys and keys["rewrite"]) or gen % 100 == 0:  # a scan of every blob: now and then
             self.blobs.keep_only(set().union(*self.refs.values(), self.journal.referenced()))
-        return len(data) + (len(keys["data"]) if keys else 0)
+        return len(data) + sum(len(b["data"]) for b in (keys, batch) if b)
 
     def restore(self) -> bool:
         """Load every backend from the current files; False when there are none."""
@@ -522,6 +645,7 @@ class Store:
             for name in names:
                 _install(name, _Unpickler(io.BytesIO(pickles[name]), self.blobs).load())
         self.journal.replay()
+        self.messages.replay()
         return bool(by_file)
 
 

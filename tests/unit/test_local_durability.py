@@ -225,7 +225,7 @@ def test_s3_keys_go_to_an_append_only_journal_whose_cost_follows_the_changes(tmp
             for k in range(1200):
                 s3.put_object(Bucket="bkt", Key=f"many/1000/{k % 1000}", Body=str(i).encode())
             store.write(persist.changed_by("s3"))
-        files = {p.name for p in path.glob("*.journal")}
+        files = {p.name for p in path.glob("keys-*.journal")}
         assert files == {store.manifest["journal"]["file"]}  # the old ones are gone
         assert store.manifest["journal"]["records"] <= 2 * 1012 + 1000
 
@@ -250,3 +250,45 @@ def test_sqs_messages_are_pickled_again_only_when_a_receive_changed_them(tmp_pat
         )["Messages"]
         counts = {m["Body"]: m["Attributes"]["ApproximateReceiveCount"] for m in msgs}
         assert counts == {"m0": "1", "m1": "1", "m2": "1", got["Body"]: "2"}
+
+
+def test_sqs_messages_go_to_a_journal_whose_cost_follows_the_changes(tmp_path, monkeypatch):
+    """A snapshot of SQS writes the queues without their messages and appends only the messages
+    sent, received or deleted since the last one: its size does not grow with the queue's
+    depth (a burst waiting for its window or for quota). Order, receive counts and deletes come
+    back; a record a crash cut short is never read."""
+    from moto.sqs.models import sqs_backends
+
+    from sluice_local import moto_fixes
+
+    for owner, name, value in moto_fixes.backend_patches():  # the stack's SQS in O(messages)
+        monkeypatch.setattr(owner, name, value, raising=False)
+    path = tmp_path / "moto"
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="q")["QueueUrl"]
+        store = persist.Store(path)
+        written, sent = [], []
+        for n in (10, 2000):
+            for start in range(0, n, 10):
+                entries = [{"Id": str(i), "MessageBody": f"{n}-{start + i}"} for i in range(10)]
+                sqs.send_message_batch(QueueUrl=url, Entries=entries)
+                sent += [e["MessageBody"] for e in entries]
+            store.write({"sqs"})  # the first one rewrites the journal
+            sqs.send_message(QueueUrl=url, MessageBody=f"one-more-{n}")
+            sent.append(f"one-more-{n}")
+            written.append(store.write({"sqs"}))
+        assert abs(written[1] - written[0]) < 300, written  # one message more, at 11 or 2011
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2)["Messages"]
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=got[1]["ReceiptHandle"])
+        store.write({"sqs"})
+        with open(path / store.manifest["messages"]["file"], "ab") as f:
+            f.write(b"\x80\x05 half a record")  # kill -9 in the middle of an append
+    with mock_aws():
+        persist.restore(path)
+        [queue] = sqs_backends["123456789012"]["us-east-1"].queues.values()
+        bodies = [m.body for m in queue._messages]
+        assert bodies == [b for b in sent if b != got[1]["Body"]]  # the queue's order
+        counts = {m.body: m.approximate_receive_count for m in queue._messages}
+        assert counts[got[0]["Body"]] == 1 and counts[sent[-1]] == 0
+        assert all(m.visible for m in queue._messages)  # in flight before: visible again
