@@ -17,12 +17,17 @@ class Outbox:
     def __init__(self, folder: Path):
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
+        self.started = self._id()  # items before it are a previous run's
 
     def add(self, item: dict) -> str:
         """Keep `item` until `done`; returns its id (ordered by acceptance)."""
-        oid = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+        oid = self._id()
         self.update(oid, item)
         return oid
+
+    @staticmethod
+    def _id() -> str:
+        return f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
 
     def update(self, oid: str, item: dict) -> None:
         path = self.folder / f"{oid}.json"
@@ -35,11 +40,16 @@ class Outbox:
             (self.folder / f"{oid}.json").unlink(missing_ok=True)
 
     def pending(self) -> list[tuple[str, dict]]:
-        """What a previous run accepted and did not finish, oldest first."""
+        """What a previous run accepted and did not finish, oldest first. This run's own items
+        are not (its threads already work on them and may finish one while this reads)."""
         out = []
         for path in sorted(self.folder.glob("*.json")):
+            if path.stem >= self.started:
+                continue
             try:
                 out.append((path.stem, json.loads(path.read_text())))
+            except FileNotFoundError:  # done meanwhile
+                continue
             except ValueError:  # cannot happen with rename, but never stop a start over it
                 path.unlink(missing_ok=True)
         return out

@@ -125,6 +125,11 @@ def test_the_outbox_keeps_work_until_it_is_done(tmp_path):
     assert [item["n"] for _, item in Outbox(tmp_path).pending()] == [1, 2]  # after a crash
     box.done(first)
     assert [oid for oid, _ in Outbox(tmp_path).pending()] == [second]
+    # a run's own items are not a previous run's leftovers: its threads work on them already
+    # (a restart once failed reading one that a thread had finished meanwhile)
+    restarted = Outbox(tmp_path)
+    restarted.add({"kind": "event", "n": 3})
+    assert [item["n"] for _, item in restarted.pending()] == [2]
 
 
 def test_a_status_change_saved_but_not_published_is_published_at_the_next_start(tmp_path):
