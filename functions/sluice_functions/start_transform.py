@@ -89,7 +89,7 @@ def start_job(
     model: str,
     group: list[Upload],
     table: str | None,
-    waited: waiting.Waiting | None = None,
+    waited: waiting.Waiting,
 ) -> str:
     """Claim the uploads, write the manifest, create the job; 'started' or 'duplicate'."""
     failures = 0
@@ -117,7 +117,7 @@ def start_job(
         claims.release(table, group, name)
         raise Contended(name)
     try:
-        _create(settings, model, group, name, waited or waiting.Waiting(0, time.time()))
+        _create(settings, model, group, name, waited)
     except ClientError:
         if table:
             claims.release(table, group, name)
@@ -299,19 +299,25 @@ def handler(event: SQSEvent, context: LambdaContext) -> dict:
     if later:
         records = {rec.message_id: rec for rec in event.records}
         waiting_ids = {u.message_id for u in later} - failed
-        failed |= wait_in_queue(settings, [records[m] for m in sorted(waiting_ids)], later)
+        back = [records[m] for m in sorted(waiting_ids)]
+        failed |= wait_in_queue(settings, back, later, waited, now)
     return failures(failed)
 
 
-def wait_in_queue(settings: Settings, records: list, uploads: list[Upload]) -> set[str]:
-    """Send these messages back to the queue, delayed, and acknowledge them (waiting.py); the
-    ids of those that could not be (past the stack's wait limit, or SendMessage failed), which
-    go back as batch item failures instead."""
-    now = time.time()
+def wait_in_queue(
+    settings: Settings,
+    records: list,
+    uploads: list[Upload],
+    waited: dict[str, waiting.Waiting],
+    now: float,
+) -> set[str]:
+    """Send these messages back to the queue, delayed, and acknowledge them (waiting.py; how
+    long each has waited: `waited`, by message id); the ids of those that could not be (past
+    the stack's wait limit, or SendMessage failed), which go back as batch item failures."""
     failed: set[str] = set()
     kept: dict[str, tuple[str, waiting.Waiting]] = {}
     for rec in records:
-        state = waiting.Waiting.of(rec.raw_event.get("messageAttributes") or {}, now)
+        state = waited[rec.message_id]
         if state.expired(now, settings.max_wait_s):
             failed.add(rec.message_id)
             mine = [u for u in uploads if u.message_id == rec.message_id]

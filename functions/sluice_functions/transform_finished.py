@@ -142,8 +142,7 @@ def wait_for_capacity(name: str, detail: dict, output_uri: str) -> dict | None:
     new job (waiting.py), and write `_WAITING.json`; None when it cannot wait (no uploads file,
     or it waited past MaxWaitHours): then it is reported as failed."""
     settings = Settings.from_env(dict(os.environ))
-    bucket, _ = split_uri(output_uri)
-    doc = read_uploads(bucket, name)
+    doc = read_uploads(settings.bucket, name)  # where start_transform wrote it
     if doc is None or not settings.queue_url:
         return None
     now = time.time()
@@ -197,6 +196,10 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
         return {"job": name, "status": status, "action": "ignored"}
     logger.append_keys(correlation_id=name)
     output_uri = detail["TransformOutput"]["S3OutputPath"]
+    if status == "Failed" and waiting.is_capacity_failure(detail.get("FailureReason")):
+        waited = wait_for_capacity(name, detail, output_uri)
+        if waited is not None:
+            return waited
     prefix, keys = input_keys(detail)
     inputs = [prefix + k for k in keys]
     extra = {}
@@ -204,10 +207,6 @@ def handler(event: EventBridgeEvent, context: LambdaContext) -> dict:
     if not keys and table:  # the manifest is gone: the claims still name the uploads
         inputs = claims.uploads_of(table, name)
         extra = {"inputs_from": "claims (the job's manifest could not be read)"}
-    if status == "Failed" and waiting.is_capacity_failure(detail.get("FailureReason")):
-        waited = wait_for_capacity(name, detail, output_uri)
-        if waited is not None:
-            return waited
     if status == "Completed":
         files = output_counts(output_uri, prefix, keys)
         price = os.environ.get("TRANSFORM_PRICE_PER_HOUR", "")

@@ -394,7 +394,7 @@ class MessageJournal(_Journal):
             for q in list(backend.queues.values())
         }
         rewrite = self.live is None or self.records > 2 * len(self.live) + 1000
-        known = {} if rewrite or self.live is None else self.live
+        known = {} if rewrite else self.live  # rewrite: every message is written
         out, live, records = io.BytesIO(), {}, 0
         for queue, q in self.queues.values():
             for m in list(q._messages):
