@@ -383,8 +383,11 @@ class LocalStack:
         self.say.close()
 
     def wait_forever(self) -> None:
+        """Until Ctrl-C or SIGTERM. In short sleeps: a signal the kernel hands to another thread
+        only sets Python's flag, which the main thread reads when it wakes (a stack asleep
+        for an hour ignored a SIGINT that way)."""
         try:
             while True:
-                time.sleep(3600)
+                time.sleep(0.2)
         except KeyboardInterrupt:
             pass
