@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from .persist import SERVICES, Store, changed_by
+from .persist import SERVICES, Store, announce_notifications, changed_by
 
 
 class RWLock:
@@ -73,10 +73,13 @@ class Durability:
         self.lock = RWLock()
         self.cond = threading.Condition()
         self.asked = self.written = 0
+        self.leading = False  # a snapshot is being written for the requests that wait
+        self.stopping = threading.Event()
         self.error: Exception | None = None
         self.closed = False
         self.snapshots = 0
         self.thread = threading.Thread(target=self._loop, daemon=True, name="snapshots")
+        announce_notifications(self.notified)
 
     def start(self) -> None:
         self.thread.start()
@@ -89,8 +92,17 @@ class Durability:
         """Bracket a request to `service` that may change its state (and what it notifies)."""
         return _Shared(self, changed_by(service))
 
+    def notified(self, names: frozenset[str]) -> None:
+        """A request is notifying these services in-process (an upload: its queue)."""
+        with self.dirty_lock:
+            self.dirty |= names
+
     def commit(self) -> None:
-        """Wait until a snapshot taken after this call began is on disk."""
+        """Return once a snapshot taken after this call began is on disk. The first request
+        to commit while no snapshot is being written writes one itself (the leader), covering
+        every change applied by then; the others wait for it, and one of those still not
+        covered leads the next. (A snapshot thread woken for each would cost two hand-offs of
+        the interpreter per commit, each waiting for the running thread to let go of it.)"""
         if not (self.enabled and self.acknowledged):
             return
         if self.closed:  # stopping: the snapshot thread has ended
@@ -99,11 +111,31 @@ class Durability:
         with self.cond:
             self.asked += 1
             ticket = self.asked
-            self.cond.notify_all()
-            while self.written < ticket and not self.closed:
+            while self.written < ticket and self.leading:
                 self.cond.wait()
-            if self.error is not None and self.written >= ticket:
+            if self.written < ticket:
+                self.leading = True
+            elif self.error is not None:
                 raise RuntimeError(f"the local stack could not write its state: {self.error}")
+            else:
+                return
+        self._lead()
+        with self.cond:
+            if self.error is not None:
+                raise RuntimeError(f"the local stack could not write its state: {self.error}")
+
+    def _lead(self, full: bool = False) -> None:
+        """Write one snapshot and tell every request it covers."""
+        try:
+            covered, error = self.write(full), None
+        except Exception as e:  # answered to the requests that waited for it
+            covered, error = self.asked, e
+            self.say("state", f"snapshot failed: {e}")
+        with self.cond:
+            self.leading = False
+            self.error = error
+            self.written = max(self.written, covered)
+            self.cond.notify_all()
 
     def write(self, full: bool = False) -> int:
         """One snapshot, between requests: of the services changed since the last one (of all
@@ -134,30 +166,26 @@ class Durability:
         return covered
 
     def _loop(self) -> None:
+        """The periodic snapshot: of every service, when no request committed for `every_s`
+        (what moto's own threads change is not announced); in `periodic` mode, the only one."""
         while True:
+            seen = self.asked
+            if self.stopping.wait(self.every_s):
+                return
             with self.cond:
-                if not self.closed and self.asked == self.written:
-                    self.cond.wait(self.every_s)
-                if self.closed:
-                    return
-                full = self.asked == self.written  # nobody waits: the periodic one
-                target = self.asked
-            try:
-                target = self.write(full)
-                error = None
-            except Exception as e:  # answered to the requests that waited for it
-                error = e
-                self.say("state", f"snapshot failed: {e}")
-            with self.cond:
-                self.error = error
-                self.written = max(self.written, target)
-                self.cond.notify_all()
+                if self.asked != seen:  # the requests' leaders wrote meanwhile
+                    continue
+                while self.leading:
+                    self.cond.wait()
+                self.leading = True
+            self._lead(full=True)
 
     def close(self) -> None:
         """The last snapshot, after every request has ended."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
+        self.stopping.set()
         self.thread.join(timeout=30)
         self.write(full=True)
 

@@ -89,6 +89,20 @@ def changes_state(environ: dict, body: bytes) -> bool:
     return environ["REQUEST_METHOD"] not in ("GET", "HEAD", "OPTIONS")
 
 
+def only_keys(environ: dict) -> bool:
+    """Whether an S3 request changes only its bucket's keys (what the key journal records): a
+    plain PutObject. Tags (x-amz-tagging, or copied from a source) live in the backend's
+    tagger, and multipart uploads, deletes and subresources in the bucket: those change S3."""
+    return (
+        _service(environ) == "s3"
+        and environ["REQUEST_METHOD"] == "PUT"
+        and environ.get("PATH_INFO", "").strip("/").count("/") >= 1
+        and not set(parse_qs(environ.get("QUERY_STRING", ""), True)) - {"x-id"}
+        and "HTTP_X_AMZ_TAGGING" not in environ
+        and "HTTP_X_AMZ_COPY_SOURCE" not in environ
+    )
+
+
 def _json(
     start_response,
     status: int,
@@ -174,7 +188,7 @@ class Gateway:
         if durability is None or not changes_state(environ, body):
             return self.moto(environ, start_response)
         service = _service(environ)
-        with durability.applying(service):
+        with durability.applying(persist.KEYS if only_keys(environ) else service):
             out = list(self.moto(environ, start_response))
             if service == "s3" and set(parse_qs(environ.get("QUERY_STRING", ""), True)) - S3_NEW:
                 persist.objects_changed()  # tags, ACL, retention...: metadata pickled again

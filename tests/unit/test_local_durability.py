@@ -6,15 +6,19 @@ changes, the outbox, and SageMaker status changes published after a crash.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
+import json
+import pickle
 import threading
 
 import boto3
+import pytest
 from moto import mock_aws
 
 from sluice_local import persist
 from sluice_local.durability import Durability
-from sluice_local.gateway import changes_state
+from sluice_local.gateway import changes_state, only_keys
 from sluice_local.outbox import Outbox
 from sluice_local.sagemaker.api import UNPUBLISHED, LocalSageMaker
 
@@ -55,11 +59,22 @@ def test_a_change_is_answered_only_once_a_snapshot_holds_it(tmp_path):
     path = tmp_path / "moto"
     with mock_aws():
         s3 = _s3()
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        queue = sqs.create_queue(QueueName="uploads")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])
+        s3.put_bucket_notification_configuration(
+            Bucket="bkt",
+            NotificationConfiguration={
+                "QueueConfigurations": [
+                    {"QueueArn": arn["Attributes"]["QueueArn"], "Events": ["s3:ObjectCreated:*"]}
+                ]
+            },
+        )
         durable = Durability(path, print, every_s=3600)
         durable.start()
         durable.enable()
         before = durable.snapshots
-        first = dict(durable.store.manifest["files"])
+        first = len(frames(path))
 
         answered_after = []
 
@@ -77,20 +92,42 @@ def test_a_change_is_answered_only_once_a_snapshot_holds_it(tmp_path):
             t.join()
         assert answered_after == [True] * 16
         commits = durable.snapshots - before
-        # only what an upload changes was written again (S3 and the services it notifies)
-        now = durable.store.manifest["files"]
-        assert {k for k in now if now[k] != first[k]} == {"s3", "sqs", "sns", "events"}
+        # only what an upload changes was written again: S3 and the queue it notified
+        written = set().union(*(f["services"] for f in frames(path)[first:]))
+        assert written == {"s3", "sqs"}
         durable.close()
     assert 1 <= commits < 16  # group commit: one snapshot answers many changes
     with mock_aws():
         persist.restore(path)
         keys = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="bkt")["Contents"]
         assert len(keys) == 16
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        attrs = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["All"])["Attributes"]
+        assert attrs["ApproximateNumberOfMessages"] == "17"  # the notifications, and the test one
 
 
-def environ(method: str, *, target: str = "", body: bytes = b"", query: str = "", service=""):
+def frames(path) -> list[dict]:
+    """The frames of the current log, as restoring reads them."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    return [pickle.loads(f) for f in persist._frames(path / manifest["log"])]
+
+
+def cut_short(path) -> None:
+    """What kill -9 in the middle of an append leaves: half a frame after the last whole one."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    log = path / manifest["log"]
+    end = sum(persist.FRAME.size + len(f) for f in persist._frames(log))
+    with open(log, "r+b") as f:
+        f.seek(end)
+        f.write(persist.FRAME.pack(1000, 0) + b"\x80\x05 half a frame")
+
+
+def environ(
+    method: str, *, target: str = "", body: bytes = b"", query: str = "", service="", path=""
+):
     env = {
         "REQUEST_METHOD": method,
+        "PATH_INFO": path,
         "QUERY_STRING": query,
         "CONTENT_TYPE": "application/x-www-form-urlencoded" if body.startswith(b"Action") else "",
         "wsgi.input": io.BytesIO(body),
@@ -116,6 +153,36 @@ def test_which_requests_change_state():
     assert changes_state(environ("POST", body=publish, service="sns"), publish)
     describe = b"Action=DescribeAlarms"
     assert not changes_state(environ("POST", body=describe, service="monitoring"), describe)
+    # a plain upload changes only its bucket's keys; tags, copies, subresources, deletes: S3
+    put = environ("PUT", service="s3", path="/bkt/k", query="x-id=PutObject")
+    assert only_keys(put)
+    assert not only_keys({**put, "HTTP_X_AMZ_TAGGING": "team=ml"})
+    assert not only_keys({**put, "HTTP_X_AMZ_COPY_SOURCE": "bkt/j"})
+    assert not only_keys(environ("PUT", service="s3", path="/bkt/k", query="tagging"))
+    assert not only_keys(environ("PUT", service="s3", path="/bkt/k", query="partNumber=1"))
+    assert not only_keys(environ("PUT", service="s3", path="/bkt"))  # CreateBucket
+    assert not only_keys(environ("DELETE", service="s3", path="/bkt/k"))
+
+
+def test_a_plain_upload_writes_only_its_key_and_tags_still_survive(tmp_path):
+    path = tmp_path / "moto"
+    with mock_aws():
+        s3 = _s3()
+        store = persist.Store(path)
+        store.write()
+        s3.put_object(Bucket="bkt", Key="plain", Body=b"x")
+        store.write(persist.changed_by(persist.KEYS))  # what the gateway says of a plain PUT
+        s3.put_object(Bucket="bkt", Key="tagged", Body=b"y", Tagging="team=ml")
+        store.write(persist.changed_by("s3"))  # and of one with x-amz-tagging
+        plain, tagged = frames(path)[-2:]
+        assert plain["services"] == {} and plain[persist.KEYS]  # no bucket pickled
+        assert "s3" in tagged["services"]
+    with mock_aws():
+        persist.restore(path)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        assert s3.get_object(Bucket="bkt", Key="plain")["Body"].read() == b"x"
+        tags = s3.get_object_tagging(Bucket="bkt", Key="tagged")["TagSet"]
+        assert tags == [{"Key": "team", "Value": "ml"}]
 
 
 def test_the_outbox_keeps_work_until_it_is_done(tmp_path):
@@ -187,11 +254,11 @@ def test_s3_metadata_is_pickled_once_and_again_after_a_request_that_changes_it(t
         assert any(g["Permission"] == "READ" for g in grants["Grants"])
 
 
-def test_s3_keys_go_to_an_append_only_journal_whose_cost_follows_the_changes(tmp_path):
-    """A snapshot of S3 writes the buckets without their keys and appends only the key names
+def test_s3_keys_go_to_the_log_as_changes_whose_cost_follows_them(tmp_path, monkeypatch):
+    """A snapshot of S3 writes the buckets without their keys and adds only the key names
     changed since the last one: its size does not grow with the objects the buckets hold.
-    Overwrites, deletes and versions come back; bytes past the manifest's length (a record a
-    crash cut short) are never read; a journal mostly of dead records is rewritten."""
+    Overwrites, deletes and versions come back; a frame a crash cut short is never read; a log
+    grown to four times its first frame is started anew with everything."""
     path = tmp_path / "moto"
     with mock_aws():
         s3 = _s3()
@@ -200,7 +267,7 @@ def test_s3_keys_go_to_an_append_only_journal_whose_cost_follows_the_changes(tmp
         for n in (10, 1000):
             for i in range(n):
                 s3.put_object(Bucket="bkt", Key=f"many/{n}/{i}", Body=b"x")
-            store.write(persist.changed_by("s3"))  # the first one rewrites the journal
+            store.write(persist.changed_by("s3"))  # the first one starts a log with everything
             s3.put_object(Bucket="bkt", Key=f"one-more-{n}", Body=b"y")
             written.append(store.write(persist.changed_by("s3")))
         assert abs(written[1] - written[0]) < 200, written  # one object more, at 10 or 1010
@@ -210,9 +277,8 @@ def test_s3_keys_go_to_an_append_only_journal_whose_cost_follows_the_changes(tmp
         v1 = s3.put_object(Bucket="bkt", Key="v", Body=b"1")["VersionId"]
         s3.put_object(Bucket="bkt", Key="v", Body=b"2")
         store.write(persist.changed_by("s3"))
-        journal = path / store.manifest["journal"]["file"]
-        with open(journal, "ab") as f:
-            f.write(b"\x80\x05 half a record")  # kill -9 in the middle of an append
+        s3.put_object(Bucket="bkt", Key="never-acknowledged", Body=b"z")
+        cut_short(path)  # kill -9 in the middle of an append
     with mock_aws():
         persist.restore(path)
         s3 = boto3.client("s3", region_name="us-east-1")
@@ -225,14 +291,75 @@ def test_s3_keys_go_to_an_append_only_journal_whose_cost_follows_the_changes(tmp
         assert s3.get_object(Bucket="bkt", Key="one-more-10")["Body"].read() == b"overwritten"
         assert s3.get_object(Bucket="bkt", Key="v", VersionId=v1)["Body"].read() == b"1"
         assert s3.get_object(Bucket="bkt", Key="v")["Body"].read() == b"2"
-        store = persist.Store(path)
-        for i in range(3):  # rewrite: the first snapshot of a process, then when mostly dead
-            for k in range(1200):
-                s3.put_object(Bucket="bkt", Key=f"many/1000/{k % 1000}", Body=str(i).encode())
+        monkeypatch.setattr(persist, "COMPACT_AT", 0)  # a new log at 4x its first frame
+        store, logs = persist.Store(path), []
+        for i in range(6):
+            for k in range(500):
+                s3.put_object(Bucket="bkt", Key=f"many/1000/{k}", Body=str(i).encode())
             store.write(persist.changed_by("s3"))
-        files = {p.name for p in path.glob("keys-*.journal")}
-        assert files == {store.manifest["journal"]["file"]}  # the old ones are gone
-        assert store.manifest["journal"]["records"] <= 2 * 1012 + 1000
+            logs.append(store.manifest["log"])
+        assert len(set(logs)) == 2, logs  # the first snapshot of a process, then once grown
+        assert {p.name for p in path.glob("*.journal")} == {logs[-1]}  # the old ones are gone
+    with mock_aws():
+        persist.restore(path)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        assert s3.get_object(Bucket="bkt", Key="many/1000/7")["Body"].read() == b"5"
+
+
+def test_a_failed_append_starts_a_new_log(tmp_path, monkeypatch):
+    """A log that could not grow (a full disk) is left: the next snapshot starts a new one."""
+    path = tmp_path / "moto"
+    with mock_aws():
+        s3 = _s3()
+        monkeypatch.setattr(persist.Log, "GROW", 4096)
+        store = persist.Store(path)
+        store.write()
+        room = store.log.capacity - store.log.length
+        for i in range(room // 1000 + 1):  # records of 1,000-character names: past the room
+            s3.put_object(Bucket="bkt", Key=f"a/{i:04d}".ljust(1000, "a"), Body=b"a")
+
+        def full_disk(fd, offset, length):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        with monkeypatch.context() as m:
+            m.setattr(persist.os, "posix_fallocate", full_disk)
+            with pytest.raises(OSError, match="No space"):
+                store.write({"s3"})
+        first = store.manifest["log"]
+        s3.put_object(Bucket="bkt", Key="b", Body=b"b")
+        store.write({"s3"})
+        assert store.manifest["log"] != first
+    with mock_aws():
+        persist.restore(path)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="bkt", MaxKeys=1000)["Contents"]]
+        assert len(keys) == room // 1000 + 2 and keys[-1] == "b"
+
+
+def test_a_state_in_the_per_service_layout_still_loads(tmp_path):
+    """Stacks before the log wrote a file per snapshot and journals of a recorded length."""
+    path = tmp_path / "moto"
+    with mock_aws():
+        s3 = _s3()
+        s3.put_object(Bucket="bkt", Key="k", Body=b"per-service layout")
+        store = persist.Store(path)
+        snap = store.pickle(persist.SERVICES)
+        store.blobs.flush()
+        (path / "snapshot-1.pickle").write_bytes(pickle.dumps(snap["services"]))
+        keys = snap[persist.KEYS]["data"]
+        (path / "keys-1.journal").write_bytes(keys + b"\x80\x05 half a record")
+        manifest = {
+            "generation": 1,
+            "files": dict.fromkeys(snap["services"], "snapshot-1.pickle"),
+            "journal": {"file": "keys-1.journal", "length": len(keys), "records": 1},
+        }
+        (path / "manifest.json").write_text(json.dumps(manifest))
+    with mock_aws():
+        persist.restore(path)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        assert s3.get_object(Bucket="bkt", Key="k")["Body"].read() == b"per-service layout"
+        persist.snapshot(path)  # now in a log; the old files are gone
+        assert sorted(p.name for p in path.glob("*.*")) == ["log-2.journal", "manifest.json"]
 
 
 def test_sqs_messages_are_pickled_again_only_when_a_receive_changed_them(tmp_path):
@@ -258,7 +385,7 @@ def test_sqs_messages_are_pickled_again_only_when_a_receive_changed_them(tmp_pat
 
 
 def test_sqs_messages_go_to_a_journal_whose_cost_follows_the_changes(tmp_path, monkeypatch):
-    """A snapshot of SQS writes the queues without their messages and appends only the messages
+    """A snapshot of SQS writes the queues without their messages and adds only the messages
     sent, received or deleted since the last one: its size does not grow with the queue's
     depth (a burst waiting for its window or for quota). Order, receive counts and deletes come
     back; a record a crash cut short is never read."""
@@ -279,7 +406,7 @@ def test_sqs_messages_go_to_a_journal_whose_cost_follows_the_changes(tmp_path, m
                 entries = [{"Id": str(i), "MessageBody": f"{n}-{start + i}"} for i in range(10)]
                 sqs.send_message_batch(QueueUrl=url, Entries=entries)
                 sent += [e["MessageBody"] for e in entries]
-            store.write({"sqs"})  # the first one rewrites the journal
+            store.write({"sqs"})  # the first one starts a log with everything
             sqs.send_message(QueueUrl=url, MessageBody=f"one-more-{n}")
             sent.append(f"one-more-{n}")
             written.append(store.write({"sqs"}))
@@ -287,8 +414,7 @@ def test_sqs_messages_go_to_a_journal_whose_cost_follows_the_changes(tmp_path, m
         got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2)["Messages"]
         sqs.delete_message(QueueUrl=url, ReceiptHandle=got[1]["ReceiptHandle"])
         store.write({"sqs"})
-        with open(path / store.manifest["messages"]["file"], "ab") as f:
-            f.write(b"\x80\x05 half a record")  # kill -9 in the middle of an append
+        cut_short(path)  # kill -9 in the middle of an append
     with mock_aws():
         persist.restore(path)
         [queue] = sqs_backends["123456789012"]["us-east-1"].queues.values()
