@@ -39,6 +39,7 @@ from botocore.config import Config
 def start(state: Path, mode: str, *extra: str) -> tuple[subprocess.Popen, dict]:
     """A fresh `sluice-local up` on `state` (any port); its process and its ready file."""
     ready = state / "ready.json"
+    ready.unlink(missing_ok=True)  # a copied state's (--from-state) names a stopped stack
     proc = subprocess.Popen(
         [
             sys.executable,

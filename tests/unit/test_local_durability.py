@@ -106,6 +106,38 @@ def test_a_change_is_answered_only_once_a_snapshot_holds_it(tmp_path):
         assert attrs["ApproximateNumberOfMessages"] == "17"  # the notifications, and the test one
 
 
+def test_a_change_whose_snapshot_failed_is_not_acknowledged(tmp_path, monkeypatch):
+    """A full disk: the request that waited for that snapshot gets an error (its client
+    retries), the operator a line; the next snapshot holds both changes."""
+    path = tmp_path / "moto"
+    said = []
+    with mock_aws():
+        s3 = _s3()
+        durable = Durability(path, lambda *a: said.append(a), every_s=3600)
+        durable.start()
+        durable.enable()
+        put = persist.Store.put
+
+        def full_disk(self, snap):
+            monkeypatch.setattr(persist.Store, "put", put)  # once
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(persist.Store, "put", full_disk)
+        with durable.applying("s3"):
+            s3.put_object(Bucket="bkt", Key="first", Body=b"1")
+        with pytest.raises(RuntimeError, match=r"could not write its state: .*No space"):
+            durable.commit()
+        assert said == [("state", "snapshot failed: [Errno 28] No space left on device")]
+        with durable.applying("s3"):
+            s3.put_object(Bucket="bkt", Key="second", Body=b"2")
+        durable.commit()
+        durable.close()
+    with mock_aws():
+        persist.restore(path)
+        listed = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="bkt")
+        assert [o["Key"] for o in listed["Contents"]] == ["first", "second"]
+
+
 def frames(path) -> list[dict]:
     """The frames of the current log, as restoring reads them."""
     manifest = json.loads((path / "manifest.json").read_text())
