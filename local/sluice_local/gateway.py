@@ -89,6 +89,29 @@ def changes_state(environ: dict, body: bytes) -> bool:
     return environ["REQUEST_METHOD"] not in ("GET", "HEAD", "OPTIONS")
 
 
+# SQS operations that change only messages (moto: Queue.add_message, Message.change_visibility);
+# a delete also records the receipt handle in the queue (moto's deleted_messages)
+SQS_MESSAGES_ONLY = {
+    f"AmazonSQS.{op}"
+    for op in (
+        "SendMessage",
+        "SendMessageBatch",
+        "ChangeMessageVisibility",
+        "ChangeMessageVisibilityBatch",
+    )
+}
+
+
+def changes_only(environ: dict) -> str | None:
+    """persist.KEYS or persist.MESSAGES when a request changes only what that journal records
+    (its snapshot then pickles no service), else None."""
+    if only_keys(environ):
+        return persist.KEYS
+    if environ.get("HTTP_X_AMZ_TARGET") in SQS_MESSAGES_ONLY:
+        return persist.MESSAGES
+    return None
+
+
 def only_keys(environ: dict) -> bool:
     """Whether an S3 request changes only its bucket's keys (what the key journal records): a
     plain PutObject. Tags (x-amz-tagging, or copied from a source) live in the backend's
@@ -188,7 +211,7 @@ class Gateway:
         if durability is None or not changes_state(environ, body):
             return self.moto(environ, start_response)
         service = _service(environ)
-        with durability.applying(persist.KEYS if only_keys(environ) else service):
+        with durability.applying(changes_only(environ) or service):
             out = list(self.moto(environ, start_response))
             if service == "s3" and set(parse_qs(environ.get("QUERY_STRING", ""), True)) - S3_NEW:
                 persist.objects_changed()  # tags, ACL, retention...: metadata pickled again

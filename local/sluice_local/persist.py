@@ -61,12 +61,17 @@ BACKENDS = [
     ),
 ]
 SERVICES = frozenset(name for name, _, _ in BACKENDS)
+# a snapshot's entries for the journals' records, and what a change that touches only those is
+# marked as (a plain upload: its keys; a notification: the queue's messages)
+KEYS = "s3 keys"
+MESSAGES = "sqs messages"
 # what a request to one service also changes in others (moto notifies in-process); an S3
 # request's notifications are announced as they are sent (`announce_notifications`)
 ALSO_CHANGES = {"sns": {"sqs"}}
-# what each of moto's S3 notification senders changes (EventBridge: whatever its rules target)
+# what each of moto's S3 notification senders changes (EventBridge: whatever its rules target);
+# a message sent to a queue changes only its messages (SQSBackend.send_message -> add_message)
 NOTIFIES = {
-    "_send_sqs_message": frozenset({"sqs"}),
+    "_send_sqs_message": frozenset({MESSAGES}),
     "_send_sns_message": frozenset({"sns", "sqs"}),
     "_send_event_bridge_message": frozenset({"events", "sqs", "sns", "logs", "states"}),
 }
@@ -223,9 +228,6 @@ class Blobs:
         self.stored -= gone
         return len(gone)
 
-
-KEYS = "s3 keys"  # a snapshot's entry for the key journal's records
-MESSAGES = "sqs messages"  # and for the message journal's
 
 # Buckets' key stores being restored, by (account, bucket): filled from the journal
 _restoring: dict[tuple[str, str], object] = {}
@@ -623,10 +625,10 @@ def announce_notifications(listener) -> None:
 
 
 def changed_by(service: str) -> frozenset[str]:
-    """The backends a request signed for `service` may change (all, if it is unknown); KEYS:
-    only S3 keys (the key journal's records, not the buckets)."""
-    if service == KEYS:
-        return frozenset({KEYS})
+    """The backends a request signed for `service` may change (all, if it is unknown); KEYS or
+    MESSAGES: only S3 keys or SQS messages (a journal's records, not the buckets or queues)."""
+    if service in (KEYS, MESSAGES):
+        return frozenset({service})
     if service not in SERVICES:
         return SERVICES
     return frozenset({service, *ALSO_CHANGES.get(service, ())})
@@ -750,6 +752,8 @@ class Store:
         names = SERVICES if compact else names
         if KEYS in names and "s3" not in names:  # keys changed, the buckets not
             out[KEYS] = self.journal.collect(False)
+        if MESSAGES in names and "sqs" not in names:  # messages sent, the queues unchanged
+            out[MESSAGES] = self.messages.collect(False)
         for name in sorted(names & SERVICES):
             backends = _backends(name)
             state = {acct: dict(regions.items()) for acct, regions in list(backends.items())}

@@ -18,7 +18,7 @@ from moto import mock_aws
 
 from sluice_local import persist
 from sluice_local.durability import Durability
-from sluice_local.gateway import changes_state, only_keys
+from sluice_local.gateway import changes_only, changes_state, only_keys
 from sluice_local.outbox import Outbox
 from sluice_local.sagemaker.api import UNPUBLISHED, LocalSageMaker
 
@@ -79,7 +79,7 @@ def test_a_change_is_answered_only_once_a_snapshot_holds_it(tmp_path):
         answered_after = []
 
         def change(i: int) -> None:
-            with durable.applying("s3"):
+            with durable.applying(persist.KEYS):  # a plain PutObject, as the gateway says
                 s3.put_object(Bucket="bkt", Key=f"k{i}", Body=str(i).encode())
             on_disk = durable.snapshots
             durable.commit()
@@ -92,9 +92,10 @@ def test_a_change_is_answered_only_once_a_snapshot_holds_it(tmp_path):
             t.join()
         assert answered_after == [True] * 16
         commits = durable.snapshots - before
-        # only what an upload changes was written again: S3 and the queue it notified
-        written = set().union(*(f["services"] for f in frames(path)[first:]))
-        assert written == {"s3", "sqs"}
+        # only what an upload changes was written: its key and the message it sent, no service
+        written = frames(path)[first:]
+        assert set().union(*(f["services"] for f in written)) == set()
+        assert any(f[persist.KEYS] for f in written) and any(f[persist.MESSAGES] for f in written)
         durable.close()
     assert 1 <= commits < 16  # group commit: one snapshot answers many changes
     with mock_aws():
@@ -194,6 +195,12 @@ def test_which_requests_change_state():
     assert not only_keys(environ("PUT", service="s3", path="/bkt/k", query="partNumber=1"))
     assert not only_keys(environ("PUT", service="s3", path="/bkt"))  # CreateBucket
     assert not only_keys(environ("DELETE", service="s3", path="/bkt/k"))
+    # a send or a visibility change: only messages; a delete also records its receipt handle
+    assert changes_only(put) == persist.KEYS
+    assert changes_only(environ("POST", target="AmazonSQS.SendMessageBatch")) == persist.MESSAGES
+    visibility = environ("POST", target="AmazonSQS.ChangeMessageVisibility")
+    assert changes_only(visibility) == persist.MESSAGES
+    assert changes_only(environ("POST", target="AmazonSQS.DeleteMessageBatch")) is None
 
 
 def test_a_plain_upload_writes_only_its_key_and_tags_still_survive(tmp_path):
@@ -414,6 +421,29 @@ def test_sqs_messages_are_pickled_again_only_when_a_receive_changed_them(tmp_pat
         )["Messages"]
         counts = {m["Body"]: m["Attributes"]["ApproximateReceiveCount"] for m in msgs}
         assert counts == {"m0": "1", "m1": "1", "m2": "1", got["Body"]: "2"}
+
+
+def test_a_send_and_a_visibility_change_write_only_messages(tmp_path):
+    path = tmp_path / "moto"
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.create_queue(QueueName="q")["QueueUrl"]
+        store = persist.Store(path)
+        store.write()
+        sqs.send_message(QueueUrl=url, MessageBody="a")
+        got = sqs.receive_message(QueueUrl=url)["Messages"][0]
+        sqs.change_message_visibility(
+            QueueUrl=url, ReceiptHandle=got["ReceiptHandle"], VisibilityTimeout=600
+        )
+        store.write(persist.changed_by(persist.MESSAGES))  # what the gateway says of both
+        last = frames(path)[-1]
+        assert last["services"] == {} and last[persist.MESSAGES]
+    with mock_aws():
+        persist.restore(path)  # in flight before: visible again, its receive counted
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        url = sqs.get_queue_url(QueueName="q")["QueueUrl"]
+        [msg] = sqs.receive_message(QueueUrl=url, MessageSystemAttributeNames=["All"])["Messages"]
+        assert msg["Body"] == "a" and msg["Attributes"]["ApproximateReceiveCount"] == "2"
 
 
 def test_sqs_messages_go_to_a_journal_whose_cost_follows_the_changes(tmp_path, monkeypatch):
