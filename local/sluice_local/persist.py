@@ -23,6 +23,7 @@ with the stack (on AWS they would reappear after their visibility timeout).
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import importlib
@@ -660,6 +661,18 @@ def _frames(path: Path):
         at += FRAME.size + length
 
 
+def _allocate(fd: int, size: int) -> None:
+    """The file's blocks, allocated: a full disk is ENOSPC here, not SIGBUS when a mapped page
+    is first written. Where the file system or the OS cannot (macOS has no posix_fallocate),
+    the file is only extended, and a full disk kills the stack (its state on disk stays whole)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except (AttributeError, OSError) as e:
+        if isinstance(e, OSError) and e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, max(size, os.fstat(fd).st_size))
+
+
 class Log:
     """An append-only file of frames (header, pickled payload), mapped into memory: appending
     copies the frame into the file's pages, which are the kernel's page cache and outlive a
@@ -682,7 +695,7 @@ class Log:
         capacity = max(self.GROW, 2 * self.capacity)
         while capacity < self.length + size:
             capacity *= 2
-        os.posix_fallocate(self.file.fileno(), 0, capacity)  # ENOSPC here, not SIGBUS later
+        _allocate(self.file.fileno(), capacity)
         if self.map is not None:
             self.map.close()
         self.map = mmap.mmap(self.file.fileno(), capacity)

@@ -375,6 +375,19 @@ def test_a_failed_append_starts_a_new_log(tmp_path, monkeypatch):
         assert len(keys) == room // 1000 + 2 and keys[-1] == "b"
 
 
+def test_the_log_works_where_blocks_cannot_be_allocated(tmp_path, monkeypatch):
+    """macOS has no posix_fallocate, some file systems refuse it: the file is extended."""
+    monkeypatch.delattr(persist.os, "posix_fallocate")
+    path = tmp_path / "moto"
+    with mock_aws():
+        _s3().put_object(Bucket="bkt", Key="k", Body=b"v")
+        persist.snapshot(path)
+    with mock_aws():
+        persist.restore(path)
+        s3 = boto3.client("s3", region_name="us-east-1")
+        assert s3.get_object(Bucket="bkt", Key="k")["Body"].read() == b"v"
+
+
 def test_a_state_in_the_per_service_layout_still_loads(tmp_path):
     """Stacks before the log wrote a file per snapshot and journals of a recorded length."""
     path = tmp_path / "moto"
