@@ -113,16 +113,17 @@ class Durability:
             ticket = self.asked
             while self.written < ticket and self.leading:
                 self.cond.wait()
-            if self.written < ticket:
-                self.leading = True
-            elif self.error is not None:
-                raise RuntimeError(f"the local stack could not write its state: {self.error}")
-            else:
+            if self.written >= ticket:  # a leader's snapshot covered it
+                self._raise_if_failed()
                 return
+            self.leading = True
         self._lead()
         with self.cond:
-            if self.error is not None:
-                raise RuntimeError(f"the local stack could not write its state: {self.error}")
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the local stack could not write its state: {self.error}")
 
     def _lead(self, full: bool = False) -> None:
         """Write one snapshot and tell every request it covers."""

@@ -408,7 +408,7 @@ class MessageJournal:
         }
         self.pending.update(self.touched)
         self.touched.clear()
-        out, sets, records = io.BytesIO(), {}, 0
+        out, sets = io.BytesIO(), {}
         for queue, q in self.queues.values():
             now = set(q._messages)
             before = set() if rewrite else self.sets.get(queue, set())
@@ -424,9 +424,8 @@ class MessageJournal:
                 pickle.dump((queue, m.id, _message_bytes(m)[1]), out, pickle.HIGHEST_PROTOCOL)
             for m in before - now:
                 pickle.dump((queue, m.id, None), out, protocol=pickle.HIGHEST_PROTOCOL)
-            records += len(added) + len(changed) + len(before - now)
             sets[queue] = now
-        return {"rewrite": rewrite, "data": out.getvalue(), "records": records, "sets": sets}
+        return {"data": out.getvalue(), "sets": sets}
 
     def written(self, batch: dict) -> None:
         self.sets, self.pending = batch["sets"], {}  # only once on disk: else diffed again
@@ -466,6 +465,20 @@ def _moto_types() -> dict[str, type]:
 # types _Pickler.reducer_override leaves to pickle's own rules: answered without its checks (a
 # snapshot meets ~100 objects, each once a chain of isinstance calls)
 _plain_types: set[type] = set()
+
+
+@functools.cache
+def _special_types() -> tuple[type, ...]:
+    """What _Pickler._reduce may reduce, by type (the cryptography keys by module)."""
+    return (
+        _BlobRef,
+        *_moto_types().values(),
+        *LOCK_TYPES,
+        defaultdict,
+        threading.Event,
+        threading.Condition,
+        threading.Thread,
+    )
 
 
 class _Pickler(pickle.Pickler):
@@ -510,10 +523,8 @@ class _Pickler(pickle.Pickler):
         if cls in _plain_types:
             return NotImplemented
         out = self._reduce(obj)
-        special = (_BlobRef, *_moto_types().values(), *LOCK_TYPES, defaultdict)
-        special += (threading.Event, threading.Condition, threading.Thread)
         if out is NotImplemented and not (
-            issubclass(cls, special) or cls.__module__.startswith("cryptography")
+            issubclass(cls, _special_types()) or cls.__module__.startswith("cryptography")
         ):
             _plain_types.add(cls)
         return out
@@ -737,8 +748,12 @@ class Store:
         self.snapshots = 0
         current = {self.manifest.get("log"), *self.manifest.get("files", {}).values()}
         current |= {(self.manifest.get(j) or {}).get("file") for j in ("journal", "messages")}
+        self._drop_files_but(current)  # what a crash cut short
+
+    def _drop_files_but(self, keep: set) -> None:
+        """Delete the state files (logs, the per-service layout's) the manifest does not name."""
         for path in [*self.folder.glob("*.pickle"), *self.folder.glob("*.journal")]:
-            if path.name not in current:  # a crash cut short
+            if path.name not in keep:
                 path.unlink(missing_ok=True)
 
     def _read_manifest(self) -> dict:
@@ -763,25 +778,21 @@ class Store:
         services: dict[str, bytes] = {}
         out = {"compact": compact, "services": services, KEYS: None, MESSAGES: None}
         names = SERVICES if compact else names
-        if KEYS in names and "s3" not in names:  # keys changed, the buckets not
-            out[KEYS] = self.journal.collect(False)
-        if MESSAGES in names and "sqs" not in names:  # messages sent, the queues unchanged
-            out[MESSAGES] = self.messages.collect(False)
+        # the keys and messages that changed go to the journals' records (a plain upload marks
+        # only KEYS, a send only MESSAGES); S3 and SQS are pickled without them
+        if KEYS in names or "s3" in names:
+            out[KEYS] = self.journal.collect(compact)
+        if MESSAGES in names or "sqs" in names:
+            out[MESSAGES] = self.messages.collect(compact)
+        journaled = {"s3": self.journal.stores, "sqs": self.messages.queues}
         for name in sorted(names & SERVICES):
             backends = _backends(name)
             state = {acct: dict(regions.items()) for acct, regions in list(backends.items())}
-            journaled = None
-            if name == "s3":  # buckets without their keys; the keys that changed, to the journal
-                out[KEYS] = self.journal.collect(compact)
-                journaled = self.journal.stores
-            if name == "sqs":  # queues without their messages; the messages that changed
-                out[MESSAGES] = self.messages.collect(compact)
-                journaled = self.messages.queues
             for attempt in range(5):  # an internal thread may change a dict while it is pickled
                 try:
                     buf = io.BytesIO()
                     self.blobs.referenced = set()
-                    _Pickler(buf, self.blobs, journaled).dump(state)
+                    _Pickler(buf, self.blobs, journaled.get(name)).dump(state)
                     break
                 except RuntimeError:
                     if attempt == 4:
@@ -830,9 +841,7 @@ class Store:
         if self.log is not None:
             self.log.close()
         self.log, self.manifest, self.base = log, manifest, size
-        for path in [*self.folder.glob("*.pickle"), *self.folder.glob("*.journal")]:
-            if path.name != name:  # earlier logs (and the per-service layout's files)
-                path.unlink(missing_ok=True)
+        self._drop_files_but({name})  # earlier logs (and the per-service layout's files)
         return size
 
     def restore(self) -> bool:
