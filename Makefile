@@ -20,7 +20,7 @@ PIP_FLAGS := --quiet --disable-pip-version-check
 export SAM_CLI_TELEMETRY := 0
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: setup sdk lint-tools browser demo test test-fast test-inventory lint image-check gpu-deps format bench clean
+.PHONY: setup sdk lint-tools system-packages demo test test-fast test-inventory lint image-check gpu-deps format bench clean
 
 setup: $(VENV)/.installed
 
@@ -57,11 +57,14 @@ sdk: $(SDK_VENV)/.installed
 
 lint-tools: $(SAM_VENV)/.installed $(CHECKOV_VENV)/.installed
 
-# Debian's chromium: the test that opens the local dashboard page headless needs it (CI installs it).
+# Debian packages the tests use (CI installs them): chromium, for the test that opens the local
+# dashboard page headless; tcmalloc, which `sluice serve` preloads on CPU hosts as vLLM's CPU guide
+# asks (container/sluice/malloc.py). One apt-get: two in parallel (make -j) fight over its lock.
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
-browser:
-	@command -v chromium >/dev/null || { $(SUDO) apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium; }
+system-packages:
+	@{ command -v chromium >/dev/null && ls /usr/lib/*/libtcmalloc_minimal.so.4 >/dev/null 2>&1; } || \
+	  { $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q \
+	    --no-install-recommends chromium libtcmalloc-minimal4; }
 
 demo: setup
 	$(VENV)/bin/sluice-local demo

@@ -7,7 +7,9 @@ CPUs too), and `sluice serve` keeps it on. Side by side, in alternating rounds, 
 of their own, greedy 32 new tokens):
 
 - Sluice: the real `sluice serve`, one MultiRecord request as Batch Transform sends it, on its
-  default dtype (`auto`: the checkpoint's float32) and in bfloat16 (`SLUICE_DTYPE=bfloat16`);
+  default dtype (`auto`: the checkpoint's float32), with glibc's allocator instead of tcmalloc
+  (`SLUICE_MALLOC=system`; tcmalloc is used where installed) and in bfloat16
+  (`SLUICE_DTYPE=bfloat16`);
 - vLLM's offline `LLM` with its defaults (prefix caching on; its `auto` dtype casts a float32
   checkpoint down to bfloat16 on a CPU with native bf16), and in float32, in this process;
 - vLLM's defaults without prefix caching, to show what the cache is worth.
@@ -55,7 +57,11 @@ def main() -> None:
             "vLLM offline, float32": {"dtype": "float32"},
             "vLLM offline, prefix caching off": {"enable_prefix_caching": False},
         }
-        ours = {"sluice (auto: float32)": {}, "sluice bfloat16": {"SLUICE_DTYPE": "bfloat16"}}
+        ours = {
+            "sluice (auto: float32)": {},
+            "sluice, glibc malloc": {"SLUICE_MALLOC": "system"},
+            "sluice bfloat16": {"SLUICE_DTYPE": "bfloat16"},
+        }
         llms = {  # both kept for the whole run: an idle engine waits without using the CPU
             mode: LLM(
                 model=str(model),
@@ -88,6 +94,8 @@ def main() -> None:
         print(f"{mode:44s} {took:7.2f} s  ({args.records / took:6.1f} records/s)")
     for a, b in [
         ("sluice (auto: float32)", "vLLM offline, float32"),
+        ("sluice, glibc malloc", "vLLM offline, float32"),
+        ("sluice (auto: float32)", "sluice, glibc malloc"),
         ("sluice bfloat16", "vLLM offline defaults (prefix caching on)"),
         ("sluice (auto: float32)", "vLLM offline defaults (prefix caching on)"),
     ]:

@@ -288,7 +288,7 @@ def peak_rss_mb(cmd: list[str], **kw) -> float:
 
 
 def chromium() -> str:
-    """Debian's chromium (`make browser` installs it; CI does). Missing: a failure in CI, a
+    """Debian's chromium (`make system-packages` installs it; CI does). Missing: a failure in CI, a
     skip elsewhere, naming the command."""
     import shutil
 

@@ -322,12 +322,24 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status is an ExitCode (see `sluice --help`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     from .cuda_compat import DONE, reexec_if_needed
+    from .malloc import DONE as PRELOADED
+    from .malloc import reexec_serve
 
     reexec_if_needed(argv)  # returns unless the host's NVIDIA driver is older than the image's CUDA
+    try:  # CPU hosts: serve re-executes itself with tcmalloc preloaded, where there is one
+        reexec_serve(argv)
+    except SluiceError as e:
+        print(f"sluice: {e}", file=sys.stderr)
+        return ExitCode.FAILED
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     if os.environ.get(DONE):
         log.info("CUDA forward compatibility libraries in use (%s)", os.environ[DONE])
+    if os.environ.get(PRELOADED):
+        log.info(
+            "memory allocator: tcmalloc (%s; SLUICE_MALLOC=system for glibc's)",
+            os.environ[PRELOADED],
+        )
     try:
         return int(args.func(args, argv))
     except SluiceError as e:

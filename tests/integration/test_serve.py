@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
+from sluice.malloc import find_tcmalloc
 from sluice_local.corpus import generate
 from tests.helpers import Server, free_port, run_sluice
 
@@ -39,6 +43,19 @@ def test_ping_and_execution_parameters(server):
     assert params["BatchStrategy"] == "MULTI_RECORD"
     assert params["MaxConcurrentTransforms"] * params["MaxPayloadInMB"] <= 100
     assert params["MaxPayloadInMB"] >= 1
+
+
+def test_serve_runs_on_tcmalloc_where_it_is_installed(server):
+    """vLLM's CPU guide asks for tcmalloc in LD_PRELOAD: `serve` re-executes itself with it, and
+    vLLM's engine process inherits it. CI installs it (`make system-packages`)."""
+    lib = find_tcmalloc()
+    if lib is None:
+        assert not os.environ.get("CI"), "CI installs libtcmalloc-minimal4 (make system-packages)"
+        pytest.skip("no tcmalloc here: apt-get install libtcmalloc-minimal4")
+    assert f"memory allocator: tcmalloc ({lib};" in "".join(server.log)
+    serve = psutil.Process(server.proc.pid)  # os.execve keeps the process id
+    for proc in [serve, *serve.children(recursive=True)]:
+        assert "libtcmalloc" in Path(f"/proc/{proc.pid}/maps").read_text(), proc.name()
 
 
 def test_each_task_and_order_and_ids(server):
