@@ -298,8 +298,8 @@ def chromium() -> str:
     if found:
         return found
     if os.environ.get("CI"):
-        pytest.fail("chromium is missing: `make browser` installs Debian's chromium package")
-    pytest.skip("no chromium on this machine: `make browser` installs Debian's chromium package")
+        pytest.fail("chromium is missing: `make system-packages` installs Debian's chromium")
+    pytest.skip("no chromium on this machine: `make system-packages` installs Debian's chromium")
 
 
 def running_stack(tmp_path_factory, name: str, overrides: list[str], args: tuple[str, ...] = ()):
