@@ -326,12 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     from .malloc import reexec_serve
 
     reexec_if_needed(argv)  # returns unless the host's NVIDIA driver is older than the image's CUDA
-    try:  # CPU hosts: serve re-executes itself with tcmalloc preloaded, where there is one
-        reexec_serve(argv)
-    except SluiceError as e:
-        print(f"sluice: {e}", file=sys.stderr)
-        return ExitCode.FAILED
     args = build_parser().parse_args(argv)
+    # CPU hosts: serve re-executes itself with tcmalloc preloaded, where there is one (the parsed
+    # command, not argv[0]: `sluice --log-level DEBUG serve` is serve too)
+    if args.command == "serve":
+        try:
+            reexec_serve(argv)
+        except SluiceError as e:
+            print(f"sluice: {e}", file=sys.stderr)
+            return ExitCode.FAILED
     setup_logging(args.log_level)
     if os.environ.get(DONE):
         log.info("CUDA forward compatibility libraries in use (%s)", os.environ[DONE])

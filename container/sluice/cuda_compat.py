@@ -72,5 +72,9 @@ def reexec_if_needed(argv: list[str] | None = None) -> None:
     env = dict(os.environ)
     env[DONE] = f"driver {'.'.join(map(str, host))} < {'.'.join(map(str, compat))}"
     env["LD_LIBRARY_PATH"] = library_path(env.get("LD_LIBRARY_PATH", ""))
-    args = [sys.executable, "-m", "sluice", *(sys.argv[1:] if argv is None else argv)]
-    os.execve(sys.executable, args, env)
+    reexec(sys.argv[1:] if argv is None else argv, env)
+
+
+def reexec(argv: list[str], env: dict[str, str]) -> None:
+    """Replace this process with `python -m sluice <argv>` under `env` (same process id)."""
+    os.execve(sys.executable, [sys.executable, "-m", "sluice", *argv], env)

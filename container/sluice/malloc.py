@@ -13,10 +13,9 @@ The GPU image installs none, so nothing changes there.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
-from .cuda_compat import host_driver
+from .cuda_compat import host_driver, reexec
 from .errors import SluiceError
 
 DONE = "SLUICE_MALLOC_PRELOADED"  # set in the re-executed process (to the library's path)
@@ -52,9 +51,8 @@ def preload_env(env: dict[str, str], lib: Path | None, gpu_host: bool) -> dict[s
 
 
 def reexec_serve(argv: list[str]) -> None:
-    """Re-execute `sluice serve` once with tcmalloc preloaded (see the module's docstring)."""
-    if not argv or argv[0] != "serve":
-        return
+    """Re-execute the `sluice serve` command line `argv` once with tcmalloc preloaded (see the
+    module's docstring); returns where it does not apply."""
     env = preload_env(dict(os.environ), find_tcmalloc(), host_driver() is not None)
     if env is not None:
-        os.execve(sys.executable, [sys.executable, "-m", "sluice", *argv], env)
+        reexec(argv, env)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +47,36 @@ def test_the_minimal_library_is_found_first(tmp_path):
     (tmp_path / "b" / "libtcmalloc_minimal.so.4").touch()
     assert find_tcmalloc((tmp_path / "b",)) == tmp_path / "b" / "libtcmalloc_minimal.so.4"
     assert find_tcmalloc((tmp_path / "a",)) is None
+
+
+def test_serve_reexecutes_itself_with_tcmalloc_whatever_options_come_first(tmp_path):
+    """`sluice --log-level DEBUG serve ...` is serve too: the parsed command decides, not the
+    first word (os.execve stands in, printing what it was given)."""
+    lib = tmp_path / "libtcmalloc_minimal.so.4"
+    lib.touch()
+    code = (
+        "import json, os, sys, pathlib\n"
+        "from sluice import cli, cuda_compat, malloc\n"
+        f"malloc.find_tcmalloc = lambda: pathlib.Path({str(lib)!r})\n"
+        "malloc.host_driver = lambda: None\n"
+        "def execve(path, args, env):\n"
+        "    print(json.dumps({'args': args, 'env': env})); sys.exit(0)\n"
+        "os.execve = execve\n"
+        "sys.exit(cli.main(['--log-level', 'DEBUG', 'serve', '--model-dir', '/nowhere']))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in (DONE, "LD_PRELOAD", "SLUICE_MALLOC")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["args"][1:] == [
+        "-m",
+        "sluice",
+        "--log-level",
+        "DEBUG",
+        "serve",
+        "--model-dir",
+        "/nowhere",
+    ]
+    assert seen["env"]["LD_PRELOAD"] == str(lib) and seen["env"][DONE] == str(lib)
