@@ -5,9 +5,13 @@ Each entry names the difference; none changes what a definition means.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import sys
+import threading
 import time
+from types import SimpleNamespace
 
 # aws-sdk task ARNs name Application Auto Scaling `applicationautoscaling`; boto3 knows it as
 # `application-autoscaling`, and moto's interpreter maps only some services' names.
@@ -155,6 +159,8 @@ def sagemaker_task_class():
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
     from moto.stepfunctions.parser.asl.utils.boto_client import boto_client_for
 
+    client_for = cached_boto_client_for(boto_client_for)
+
     def as_json(value) -> object:
         return json.loads(json.dumps(value, default=str))
 
@@ -205,9 +211,7 @@ def sagemaker_task_class():
             return super()._from_error(env, ex)
 
         def _client(self, region, credentials):
-            return boto_client_for(
-                service="sagemaker", region=region, state_credentials=credentials
-            )
+            return client_for(service="sagemaker", region=region, state_credentials=credentials)
 
         # moto calls these two with keyword arguments: the parameter names are its own
         def _eval_service_task(
@@ -298,6 +302,56 @@ def bucket_permission(bucket, action: str, resource: str):
     return result
 
 
+def json_copy(value):
+    """A deep copy of a JSON value, ~4x faster than `copy.deepcopy` (which moto's interpreter
+    runs on every path it reads: a tenth of a state machine's time); anything else is
+    deep-copied as before."""
+    kind = type(value)
+    if kind is dict:
+        return {key: json_copy(item) for key, item in value.items()}
+    if kind is list:
+        return [json_copy(item) for item in value]
+    if kind in (str, int, float, bool) or value is None:
+        return value
+    return copy.deepcopy(value)
+
+
+def cached_json_path_parse(parse):
+    """jsonpath_ng's `parse`, once per path: it builds a new parser (its yacc tables read
+    again) on every call, and moto's interpreter parses each path each time a state runs.
+    The parsed paths are not changed by use (`find`, `update_or_create` change the data)."""
+    return _cached(getattr(parse, "__wrapped__", parse))
+
+
+@functools.cache  # one cache per parse function, however often the patches are made
+def _cached(parse):
+    return functools.lru_cache(maxsize=4096)(parse)
+
+
+_clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
+
+
+def cached_boto_client_for(boto_client_for):
+    """moto's `boto_client_for`, one client per service and region: it built a new boto3 client
+    for every service call a state made (a fifth of a state machine's time). boto3 clients are
+    safe to share between threads; moto's interpreter ignores the state's credentials."""
+    original = getattr(boto_client_for, "__wrapped__", boto_client_for)
+
+    @functools.wraps(original)
+    def client_for(region: str, service: str, state_credentials=None):
+        from moto.core.models import botocore_stubber
+        from moto.settings import moto_server_port
+
+        key = (original, region, service, botocore_stubber.enabled, moto_server_port())
+        with _clients_lock:
+            if key not in _clients:
+                _clients[key] = original(region, service, state_credentials)
+            return _clients[key]
+
+    return client_for
+
+
 def interpreter_patches() -> list[tuple[object, str, object]]:
     """(owner, attribute, value) for each Step Functions interpreter fix; `apply` sets them for
     the local stack's lifetime, tests set them with monkeypatch."""
@@ -318,6 +372,7 @@ def interpreter_patches() -> list[tuple[object, str, object]]:
     aws_sdk = state_task_service_aws_sdk.StateTaskServiceAwsSdk
     service = state_task_service.StateTaskService
     return [
+        *_speed_patches(),
         (service, "_eval_parameters", _task_parameters(service._eval_parameters)),
         (
             state_task_service.StateTaskService,
@@ -329,6 +384,29 @@ def interpreter_patches() -> list[tuple[object, str, object]]:
         (aws_sdk, "_normalise_exception_name", staticmethod(_aws_sdk_exception_name)),
         (jsonata, "_eval_jsonata", eval_jsonata),
     ]
+
+
+def _speed_patches() -> list[tuple[object, str, object]]:
+    """Caches and copies that change how fast moto's interpreter runs, not what it does."""
+    import jsonpath_ng
+    from moto.stepfunctions.parser.asl.component.common.path import result_path
+    from moto.stepfunctions.parser.asl.component.common.string import string_expression
+    from moto.stepfunctions.parser.asl.eval import states
+    from moto.stepfunctions.parser.asl.utils import boto_client, json_path
+
+    copies = SimpleNamespace(deepcopy=json_copy)
+    patches: list[tuple[object, str, object]] = [
+        (json_path, "parse", cached_json_path_parse(_original(json_path, "parse"))),
+        (result_path, "parse", cached_json_path_parse(jsonpath_ng.parse)),
+        (states, "copy", copies),
+        (string_expression, "copy", copies),
+    ]
+    # every module of the interpreter that imported it (the service integrations)
+    client_for = cached_boto_client_for(boto_client.boto_client_for)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("moto.stepfunctions.parser") and hasattr(module, "boto_client_for"):
+            patches.append((module, "boto_client_for", client_for))
+    return patches
 
 
 def _idempotent_model_package(moto_create):
