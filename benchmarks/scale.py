@@ -48,13 +48,26 @@ def train_tiny(out: Path) -> Path:
     return out / "job" / "model"
 
 
+def rss_parts(pid: int) -> dict[str, int]:
+    """A process's RSS by kind, in bytes (Linux's /proc/PID/status): anonymous memory (Python's
+    heap), file pages (mapped files: the stack's log) and shared memory."""
+    parts = {}
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile", "RssShmem"):
+                parts[key] = int(value.split()[0]) * 1024
+    return parts
+
+
 class Memory:
-    """Peak RSS of a process (`peak_stack`) and of it with all its descendants (`peak_all`),
-    sampled every `interval` seconds until `done` is set."""
+    """Peak RSS of a process (`peak_stack`, and what it was made of then: `peak_parts`) and of it
+    with all its descendants (`peak_all`), sampled every `interval` seconds until `done` is set."""
 
     def __init__(self, pid: int, interval: float = 1.0):
         self.proc, self.interval = psutil.Process(pid), interval
         self.peak_stack = self.peak_all = 0
+        self.peak_parts: dict[str, int] = {}
         self.done = threading.Event()
         threading.Thread(target=self._sample, daemon=True).start()
 
@@ -68,7 +81,8 @@ class Memory:
                         kids += c.memory_info().rss
             except psutil.Error:
                 return
-            self.peak_stack = max(self.peak_stack, own)
+            if own > self.peak_stack:
+                self.peak_stack, self.peak_parts = own, rss_parts(self.proc.pid)
             self.peak_all = max(self.peak_all, own + kids)
 
 
@@ -153,6 +167,8 @@ def run(args, model: Path, state: Path) -> dict:
             "uploads_per_s": round(args.uploads / upload_s, 1),
             "first_upload_to_last_report_s": round(done_s, 1),
             "stack_peak_rss_mb": round(mem.peak_stack / 2**20),
+            # at that peak: Python's heap (RssAnon) vs the mapped log's pages (RssFile)
+            "stack_peak_rss_parts_mb": {k: round(v / 2**20) for k, v in mem.peak_parts.items()},
             "all_processes_peak_rss_mb": round(mem.peak_all / 2**20),
         }
     finally:
