@@ -270,6 +270,9 @@ def _parsed(parse, specs: list[str]) -> dict[str, int]:
 
 
 def cmd_up(args) -> int:
+    from .allocator import limit_arenas
+
+    limit_arenas()  # before the stack's threads start (allocator.py: why)
     stack = _stack(args).start()
     if args.ready_file:
         args.ready_file.write_text(json.dumps({"endpoint": stack.url, **stack.status()}))
