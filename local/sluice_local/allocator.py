@@ -3,7 +3,7 @@
 `sluice-local up` answers each request on a thread of its own, and the request that leads a
 commit pickles the snapshot on that thread (local/sluice_local/durability.py). glibc gives
 threads their own arenas (up to 8 per core) and keeps what is freed in each for reuse, so the
-megabytes of a snapshot's pickle, made on ever other threads, stay resident in each arena.
+megabytes of snapshot pickles, made on a different thread each time, stay resident in many.
 Measured (`python -m benchmarks.scale --uploads 10000`, 2 cores): the stack's anonymous memory
 at the end of the upload burst 857 MB with glibc's default, 536 MB with two arenas.
 """

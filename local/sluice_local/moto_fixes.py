@@ -336,13 +336,13 @@ def cached_boto_client_for(boto_client_for):
     """moto's `boto_client_for`, one client per service and region: it built a new boto3 client
     for every service call a state made (a fifth of a state machine's time). boto3 clients are
     safe to share between threads; moto's interpreter ignores the state's credentials."""
+    from moto.core.models import botocore_stubber
+    from moto.settings import moto_server_port
+
     original = getattr(boto_client_for, "__wrapped__", boto_client_for)
 
     @functools.wraps(original)
     def client_for(region: str, service: str, state_credentials=None):
-        from moto.core.models import botocore_stubber
-        from moto.settings import moto_server_port
-
         key = (original, region, service, botocore_stubber.enabled, moto_server_port())
         with _clients_lock:
             if key not in _clients:
@@ -396,7 +396,7 @@ def _speed_patches() -> list[tuple[object, str, object]]:
 
     copies = SimpleNamespace(deepcopy=json_copy)
     patches: list[tuple[object, str, object]] = [
-        (json_path, "parse", cached_json_path_parse(_original(json_path, "parse"))),
+        (json_path, "parse", cached_json_path_parse(json_path.parse)),
         (result_path, "parse", cached_json_path_parse(jsonpath_ng.parse)),
         (states, "copy", copies),
         (string_expression, "copy", copies),
