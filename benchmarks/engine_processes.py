@@ -1,13 +1,15 @@
-"""vLLM's CPU engine in one process or two: what `sluice serve` sets, against vLLM's default.
+"""vLLM's CPU engine processes: what `sluice serve` sets, against vLLM's defaults.
 
 AsyncLLM always runs its engine core in a process of its own. On CPUs vLLM's default then starts
 the model in a further worker process (the multiprocess executor, another import of torch and
 vLLM); with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (and `OMP_NUM_THREADS` = the cores, which vLLM
-would otherwise cut to one thread there) the engine core runs the model itself. Both through the
-real `sluice serve`, in alternating rounds on the same model (GPT-2 architecture, ~14M, random
-weights) and prompts, called as Batch Transform calls it (one MultiRecord request): seconds to
-/ping 200, to generate (384 prompts, greedy, 32 new tokens) and score them, to stop after SIGTERM,
-and how many generated lines are identical.
+would otherwise cut to one thread there) the engine core runs the model itself. vLLM's CPU
+platform also starts the engine core with `spawn` (a fresh interpreter importing torch and vLLM
+again); `sluice serve` forks it from the server process, which has them imported already.
+Each mode through the real `sluice serve`, in alternating rounds on the same model (GPT-2
+architecture, ~14M, random weights) and prompts, called as Batch Transform calls it (one
+MultiRecord request): seconds to /ping 200, to generate (384 prompts, greedy, 32 new tokens) and
+score them, to stop after SIGTERM, and how many generated lines match Sluice's.
 
     python -m benchmarks.engine_processes [--records 384] [--rounds 2]
 """
@@ -24,9 +26,11 @@ from pathlib import Path
 
 from benchmarks.serve_throughput import NEW_TOKENS, build_model, prompts
 
+SPAWN = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 MODES = {
-    "vLLM default (worker process)": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
-    "sluice (model in the engine core)": {},  # what sluice.engine sets unless given
+    "vLLM default (spawned, worker process)": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", **SPAWN},
+    "engine core spawned, model in it": SPAWN,
+    "sluice (forked, model in it)": {},  # what sluice.engine sets unless given
 }
 
 
@@ -73,16 +77,19 @@ def main() -> None:
                 res[mode]["stop"].append(time.perf_counter() - t)
     med = {m: {k: statistics.median(v) for k, v in r.items()} for m, r in res.items()}
     for mode, figures in med.items():
-        print(f"{mode:36s}", "  ".join(f"{k} {v:6.2f} s" for k, v in figures.items()))
-    default, ours = (med[m] for m in MODES)
-    print(
-        f"one process vs vLLM's default: ready {default['ready'] - ours['ready']:.1f} s sooner, "
-        f"generation {default['generate'] / ours['generate']:.3f}x, "
-        f"scoring {default['score'] / ours['score']:.3f}x, "
-        f"stop {default['stop'] - ours['stop']:.1f} s sooner"
-    )
-    a, b = (outs[m] for m in MODES)
-    print(f"identical output lines: {sum(x == y for x, y in zip(a, b, strict=True))}/{len(a)}")
+        print(f"{mode:40s}", "  ".join(f"{k} {v:6.2f} s" for k, v in figures.items()))
+    *others, sluice = MODES
+    ours = med[sluice]
+    for mode in others:
+        them = med[mode]
+        same = sum(x == y for x, y in zip(outs[mode], outs[sluice], strict=True))
+        print(
+            f"sluice vs {mode}: ready {them['ready'] - ours['ready']:.1f} s sooner, "
+            f"generation {them['generate'] / ours['generate']:.3f}x, "
+            f"scoring {them['score'] / ours['score']:.3f}x, "
+            f"stop {them['stop'] - ours['stop']:.1f} s sooner, "
+            f"identical output lines {same}/{len(outs[sluice])}"
+        )
 
 
 if __name__ == "__main__":

@@ -353,11 +353,19 @@ class VllmEngine:
         # (CPU: 256 sequences, 4096 tokens a step), servers latency ones (128, 2048; an engine
         # built directly gets the latter too). Batch Transform is offline inference.
         usage = UsageContext.LLM_CLASS if self.batch else UsageContext.OPENAI_API_SERVER
-        llm = AsyncLLM.from_engine_args(args, usage_context=usage)
+        start = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")  # the operator's, if given
+        config = args.create_engine_config(usage)
+        if not cuda:
+            # vLLM's CPU platform sets `spawn` while it builds the config: the engine process
+            # then imports torch and vLLM all over again (~16 s of CPU here). Nothing in this
+            # process holds what forking would break (no CUDA; torch has run no parallel op), so
+            # the engine process is forked from it instead (docs/benchmarks.md: ready 44 -> 23 s)
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = start or "fork"
+        llm = AsyncLLM.from_vllm_config(config, usage_context=usage, disable_log_stats=True)
         sched = llm.vllm_config.scheduler_config
         log.info(
             "vLLM engine: %s, dtype %s, tensor parallel %d, up to %d sequences and %d tokens a "
-            "step, prefix caching %s%s",
+            "step, prefix caching %s, engine process %s%s",
             model_dir,
             dtype,
             args.tensor_parallel_size,
@@ -366,6 +374,10 @@ class VllmEngine:
             # records of one file often share an instruction prefix: its KV blocks are reused
             # (vLLM's default for generative models, CPUs included; on = it is really active)
             "on" if llm.vllm_config.cache_config.enable_prefix_caching else "off",
+            # vLLM's default is fork where it does not need spawn (it then sets spawn itself)
+            "forked"
+            if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD", "fork") == "fork"
+            else "spawned",
             f", LoRA adapter {self.adapter.path} (rank {self.adapter.rank})"
             if self.lora and self._identity is None
             else "",

@@ -652,6 +652,9 @@ def serve(model_dir: Path, port: int | None = None, host: str = "0.0.0.0") -> in
     port = port or int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080"))
     state = State(model_dir)
     server = make_server(state, port, host)
+    # vLLM's engine process is forked from this one (engine.py): it must not hold the listening
+    # socket, or connections made while serve stops would wait on it instead of being refused
+    os.register_at_fork(after_in_child=server.socket.close)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -34,7 +35,8 @@ def server(plain_server):
 
 def test_ping_and_execution_parameters(server):
     # an endpoint's batch sizes; records sharing a prefix reuse its KV cache
-    assert "up to 128 sequences and 2048 tokens a step, prefix caching on" in "".join(server.log)
+    log = "".join(server.log)
+    assert "up to 128 sequences and 2048 tokens a step, prefix caching on" in log
     status, body = server.get("/ping")
     assert (status, body) == (200, b"")
     status, body = server.get("/execution-parameters")
@@ -56,6 +58,19 @@ def test_serve_runs_on_tcmalloc_where_it_is_installed(server):
     serve = psutil.Process(server.proc.pid)  # os.execve keeps the process id
     for proc in [serve, *serve.children(recursive=True)]:
         assert "libtcmalloc" in Path(f"/proc/{proc.pid}/maps").read_text(), proc.name()
+
+
+def test_vllms_engine_process_is_forked_not_started_afresh(server):
+    """vLLM's CPU platform starts its engine process with `spawn`: a new interpreter that imports
+    torch and vLLM all over again (~16 s of CPU at every start here). `serve` forks it from
+    itself instead, so the engine process shares serve's imported modules copy-on-write: memory
+    both have written and neither has since (measured: 280 MB forked, 0 spawned)."""
+    assert "engine process forked" in "".join(server.log)
+    serve = psutil.Process(server.proc.pid)
+    [core] = [p for p in serve.children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+    rollup = Path(f"/proc/{core.pid}/smaps_rollup").read_text()
+    shared_kb = int(re.search(r"^Shared_Dirty:\s+(\d+) kB", rollup, re.M)[1])
+    assert shared_kb > 64 * 1024, rollup
 
 
 def test_each_task_and_order_and_ids(server):
