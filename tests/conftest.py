@@ -42,13 +42,14 @@ def trained(tmp_path_factory, corpus_dir) -> dict:
 
 
 @pytest.fixture(scope="session")
-def plain_server(trained):
+def plain_server(trained, tmp_path_factory):
     """`sluice serve` on the shared model with its defaults (an endpoint, not a batch job), for
     tests that only send it requests; tests that stop or misconfigure a server start their own.
-    Its users name the xdist_group "plain-server" so that one worker starts it once."""
+    Its users name the xdist_group "plain-server" so that one worker starts it once. Its
+    torch.compile (inductor) cache is its own, so that tests can see what it built."""
     from tests.helpers import Server
 
-    s = Server(trained["model"])
+    s = Server(trained["model"], TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor")))
     yield s
     s.stop()
 

@@ -165,6 +165,7 @@ class MotoServer:
 
 class Server:
     def __init__(self, model_dir, **env):
+        self.env = env  # what the test added to the environment
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(

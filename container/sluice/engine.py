@@ -212,6 +212,14 @@ def tensor_parallel(gpus: int, heads: int) -> int:
     return max((n for n in range(1, max(gpus, 1) + 1) if heads % n == 0), default=1)
 
 
+async def _last(stream):
+    """The last item an async iterator yields (vLLM's final output of a request)."""
+    last = None
+    async for out in stream:
+        last = out
+    return last
+
+
 async def _cancel(task: asyncio.Task) -> None:
     """Cancel `task` and wait until it has ended."""
     task.cancel()
@@ -273,6 +281,7 @@ class VllmEngine:
         self.loras: dict = {}  # adapter name -> its LoRARequest
         self._identity = None  # the zero adapter's folder (see lora.identity_adapter)
         self.failed: str | None = None  # why the engine died, once it has
+        self._died = asyncio.Event()  # set with `failed`, on the engine's loop
         self.adapter = adapter
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="vllm", daemon=True)
@@ -326,6 +335,13 @@ class VllmEngine:
             self.lora = LoRARequest("sluice", 1, str(self.adapter.path)) if self.adapter else None
             for i, (name, a) in enumerate(self.adapters.items(), start=2):
                 self.loras[name] = LoRARequest(name, i, str(a.path))
+        eager = os.environ.get("SLUICE_ENFORCE_EAGER", "0" if cuda else "1") == "1"
+        if eager and not cuda:
+            # vLLM still compiles a few sampler helpers with torch.compile (inductor: a C++
+            # build) at the first request that asks for log-probs, which every generate record
+            # does (mean_logprob): ~2.5 s per server start here. Eager, like the model.
+            os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")  # read where torch is imported
+            torch._dynamo.config.disable = os.environ["TORCH_COMPILE_DISABLE"] == "1"
         args = AsyncEngineArgs(
             model=model_dir,
             dtype=dtype,
@@ -336,7 +352,7 @@ class VllmEngine:
             seed=0,
             max_logprobs=100,  # next_token's top_k goes up to 100
             # CPU: no graph capture or compilation (start-up in seconds, same throughput measured)
-            enforce_eager=os.environ.get("SLUICE_ENFORCE_EAGER", "0" if cuda else "1") == "1",
+            enforce_eager=eager,
             gpu_memory_utilization=float(
                 os.environ.get("SLUICE_GPU_MEMORY_UTILIZATION", "0.9" if cuda else "0.15")
             ),
@@ -451,6 +467,8 @@ class VllmEngine:
         if self.failed is None:
             self.failed = reason
             log.error("the vLLM engine died (%s); the server stops", reason)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing waits any more
+                self.loop.call_soon_threadsafe(self._died.set)
 
     def _dead(self, e: Exception) -> bool:
         """Whether vLLM's engine is gone (its process crashed or was killed): every record from
@@ -463,13 +481,26 @@ class VllmEngine:
         return True
 
     async def _final(self, ids: list[int], params, rec: Record):
+        """The record's final output, or EngineDeadError once the engine has died: a request
+        vLLM accepted just as its engine process died is never answered (its output reader is
+        gone), so the record waits on the engine and on its death, whichever comes first."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
         lora = self.loras[rec.adapter] if rec.adapter is not None else self.lora
-        last = None
-        async for out in self.llm.generate(
+        stream = self.llm.generate(
             {"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex, lora_request=lora
-        ):
-            last = out
-        return last
+        )
+        work = asyncio.ensure_future(_last(stream))
+        died = asyncio.ensure_future(self._died.wait())
+        try:
+            done, _ = await asyncio.wait({work, died}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when this record is cancelled (deadline, client gone): vLLM aborts it
+            died.cancel()
+            if not work.done():
+                work.cancel()
+        if work in done:
+            return work.result()
+        raise EngineDeadError(f"the engine died ({self.failed})")
 
     async def _score(self, job: Job) -> dict:
         """Prompt log-probs, window by window for texts longer than the context.
