@@ -35,8 +35,7 @@ def server(plain_server):
 
 def test_ping_and_execution_parameters(server):
     # an endpoint's batch sizes; records sharing a prefix reuse its KV cache
-    log = "".join(server.log)
-    assert "up to 128 sequences and 2048 tokens a step, prefix caching on" in log
+    assert "up to 128 sequences and 2048 tokens a step, prefix caching on" in "".join(server.log)
     status, body = server.get("/ping")
     assert (status, body) == (200, b"")
     status, body = server.get("/execution-parameters")
